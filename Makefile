@@ -1,0 +1,70 @@
+# The request interface. Every target renders its command through `python -m launch`;
+# DRY_RUN=1 (or `make dry-run`) prints that command instead of running it.
+#   make train RECIPE=digits GPUS=8 NODES=1 PROCS=1 ARGS="optim.lr=0.2 train.epochs=5"
+# Request variables reach launch through the environment, never through the shell
+# line, so a value such as ARGS='"; rm -rf x"' stays an inert argument.
+
+RECIPE ?= digits
+NODES ?= 1
+PROCS ?= 1
+SEEDS ?= 3
+export RECIPE GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-lock
+
+.PHONY: train test test-fast submit docker-train image sif sweep bench lint dry-run venv lock clean
+
+# The venv is rebuilt when it is missing or older than the lock.
+$(STAMP): requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+train: $(STAMP)
+	@$(PY) -m launch train
+
+dry-run: $(STAMP)
+	@DRY_RUN=1 $(PY) -m launch train
+
+submit: $(STAMP)
+	@$(PY) -m launch submit
+
+sweep: $(STAMP)
+	@$(PY) -m launch sweep
+
+docker-train: $(STAMP)
+	@$(PY) -m launch docker-train
+
+image: $(STAMP)
+	@$(PY) -m launch image
+
+sif: $(STAMP)
+	@$(PY) -m launch sif
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not slurm"
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# Resolve pyproject's dependencies afresh and write exact versions to the lock.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 ".[dev]"
+	{ head -n 2 requirements.lock; .lock-venv/bin/pip freeze --exclude recipes; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) runs wandb
