@@ -1,0 +1,305 @@
+"""Typed configuration: engine defaults < recipe config.yaml < dotted CLI overrides.
+
+Every section is a dataclass; a builder receives only its own section. Validation happens
+before anything is written, and every mistake is reported as one line (ConfigError)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the CLI prints it as one line and exits 2."""
+
+
+@dataclass
+class RunConfig:
+    name: str = ""  # empty: a new time-stamped name per launch
+    root: str = "runs"
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    max_steps: int = 0  # > 0: train this many optimizer steps instead of `epochs`
+    stop_at_step: int = 0  # > 0: checkpoint and stop after this step (the schedule is unchanged)
+    batch_size: int = 64  # global: summed over processes and accumulation steps
+    micro_batch_size: int | None = None  # per process; sets accumulation steps
+    grad_clip: float = 0.0
+    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, off on CPU
+    channels_last: bool = False
+    compile: bool = False
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class SchedConfig:
+    name: Literal["cosine", "step", "constant"] = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of optim.lr
+    milestones: list[int] = field(default_factory=list)  # step schedule, in optimizer steps
+    gamma: float = 0.1
+
+
+@dataclass
+class LoaderConfig:
+    num_workers: int = 0
+    pin_memory: bool = True  # only takes effect on CUDA
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+
+
+@dataclass
+class EvalConfig:
+    every_epochs: int = 1
+    batch_size: int = 256  # per process
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at the end of each epoch
+    keep: int = 3
+
+
+@dataclass
+class LogConfig:
+    every_steps: int = 10
+    wandb: Literal["auto", "online", "offline", "off"] = "auto"
+    project: str = "recipes"
+    entity: str | None = None
+    progress: Literal["auto", "bar", "plain", "off"] = "auto"
+    sample_ids: bool = False  # write each step's global sample ids to samples.jsonl (tests)
+
+
+@dataclass
+class DistConfig:
+    strategy: Literal["auto", "ddp", "dp", "none"] = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    init_method: str = "env://"  # or tcp://host:port, file:///shared/path
+    timeout_s: float = 600.0
+    sync_bn: bool = False
+    find_unused_parameters: bool = False
+    static_graph: bool = True
+
+
+@dataclass
+class SlurmConfig:
+    """Read by launch/ when submitting; validated here like every other section."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    setup: list[str] = field(default_factory=list)
+    signal_delay_s: int = 120
+
+
+ENGINE_SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "train": TrainConfig,
+    "optim": OptimConfig,
+    "sched": SchedConfig,
+    "loader": LoaderConfig,
+    "eval": EvalConfig,
+    "ckpt": CheckpointConfig,
+    "log": LogConfig,
+    "dist": DistConfig,
+    "slurm": SlurmConfig,
+}
+
+
+@dataclass
+class Config:
+    recipe: str
+    seed: int
+    deterministic: bool
+    device: str  # auto | cpu | cuda
+    resume: str  # auto | none | path to a checkpoint file
+    sections: dict[str, Any]  # section name -> dataclass instance
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["sections"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        top = {"seed": self.seed, "deterministic": self.deterministic, "device": self.device}
+        top["resume"] = self.resume
+        return top | {k: dataclasses.asdict(v) for k, v in self.sections.items()}
+
+
+TOP_LEVEL = {"seed": 0, "deterministic": False, "device": "auto", "resume": "auto"}
+TOP_TYPES = {"seed": int, "deterministic": bool, "device": Literal["auto", "cpu", "cuda"]}
+TOP_TYPES["resume"] = str
+
+
+def _closest(key: str, options: typing.Iterable[str], prefix: str = "") -> str:
+    options = list(options)
+    match = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
+    if match:
+        return f"; did you mean '{prefix}{match[0]}'?"
+    return f"; valid keys: {', '.join(prefix + o for o in options)}"
+
+
+def _check_type(path: str, value: Any, annotation: Any) -> Any:
+    """Return value converted to `annotation`, or raise ConfigError naming `path`."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value is False and "off" in choices:  # YAML 1.1 reads a bare `off` as false
+            value = "off"
+        if value not in choices or isinstance(value, bool) and True not in choices:
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_type(path, value, inner)
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_check_type(f"{path}[{i}]", v, item) for i, v in enumerate(value)]
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if annotation in (int, float) and isinstance(value, bool) or not isinstance(value, annotation):
+        name = getattr(annotation, "__name__", str(annotation))
+        raise ConfigError(f"{path}: expected {name}, got {value!r}")
+    return value
+
+
+def build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name}: expected a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"unknown config key '{name}.{key}'{_closest(key, known, name + '.')}")
+        kwargs[key] = _check_type(f"{name}.{key}", value, hints[key])
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[leaf] = value
+
+
+def parse_overrides(overrides: typing.Sequence[str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"override '{item}' is not key=value (example: optim.lr=0.2)")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(tree, key, value)
+    return tree
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def resolve(
+    recipe: str,
+    recipe_yaml: dict[str, Any],
+    overrides: typing.Sequence[str],
+    recipe_sections: dict[str, type],
+) -> Config:
+    """Layer defaults < recipe_yaml < overrides and validate every key and type."""
+    merged = _merge(recipe_yaml, parse_overrides(overrides))
+    section_types = ENGINE_SECTIONS | recipe_sections
+    valid = list(TOP_LEVEL) + list(section_types)
+    top = dict(TOP_LEVEL)
+    sections = {}
+    for key, value in merged.items():
+        if key in TOP_LEVEL:
+            top[key] = _check_type(key, value, TOP_TYPES[key])
+        elif key not in section_types:
+            raise ConfigError(f"unknown config key '{key}'{_closest(key, valid)}")
+    for name, cls in section_types.items():
+        sections[name] = build_section(name, cls, merged.get(name) or {})
+    cfg = Config(recipe=recipe, sections=sections, **top)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Value checks that the types alone cannot express."""
+    train, opt = cfg.train, cfg.optim
+    if train.batch_size < 1:
+        raise ConfigError(f"train.batch_size must be >= 1, got {train.batch_size}")
+    if train.micro_batch_size is not None and train.micro_batch_size < 1:
+        raise ConfigError(f"train.micro_batch_size must be >= 1, got {train.micro_batch_size}")
+    if train.epochs < 1 and train.max_steps < 1:
+        raise ConfigError("set train.epochs >= 1 or train.max_steps >= 1")
+    if opt.lr <= 0:
+        raise ConfigError(f"optim.lr must be > 0, got {opt.lr}")
+    if len(opt.betas) != 2:
+        raise ConfigError(f"optim.betas needs two values, got {opt.betas}")
+    if cfg.ckpt.keep < 1:
+        raise ConfigError(f"ckpt.keep must be >= 1, got {cfg.ckpt.keep}")
+    if cfg.loader.num_workers < 0:
+        raise ConfigError(f"loader.num_workers must be >= 0, got {cfg.loader.num_workers}")
+    if cfg.log.every_steps < 1:
+        raise ConfigError(f"log.every_steps must be >= 1, got {cfg.log.every_steps}")
+    if any(ch in cfg.run.name for ch in "/\\") or cfg.run.name in (".", ".."):
+        raise ConfigError(f"run.name '{cfg.run.name}' must be a plain name, not a path")
+
+
+def dump(cfg: Config) -> str:
+    """The resolved config as YAML; loading it as a recipe config gives the same Config."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

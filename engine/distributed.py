@@ -1,0 +1,168 @@
+"""The distributed environment, read in one place: torchrun, srun (SLURM), or one process.
+
+Nothing else in the engine reads rank variables from the environment."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from engine.config import ConfigError, DistConfig
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SLURM_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    source: str = "single"  # single | torchrun | slurm
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand SLURM's compressed host list: 'gpu[01-03,7],cpu5' -> gpu01 gpu02 gpu03 gpu7 cpu5."""
+    hosts = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for n in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{n:0{len(lo)}d}")
+    return hosts
+
+
+def slurm_port(job_id: str) -> int:
+    """A port every task of a job derives alike, spread over 20000-29999 by job id."""
+    return 20000 + int(re.sub(r"\D", "", job_id) or 0) % 10000
+
+
+def _missing(env: Mapping[str, str], names: tuple[str, ...]) -> list[str]:
+    return [n for n in names if not env.get(n)]
+
+
+def read_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    """Find out how this process was started. A half-set environment is an error."""
+    env = os.environ if env is None else env
+    torchrun = [n for n in TORCHRUN_VARS if env.get(n)]
+    if torchrun:
+        missing = _missing(env, TORCHRUN_VARS)
+        if missing:
+            raise ConfigError(
+                f"distributed environment is half set: {', '.join(missing)} missing "
+                f"(have {', '.join(torchrun)}); start with torchrun or unset them"
+            )
+        return DistEnv(
+            rank=int(env["RANK"]),
+            local_rank=int(env["LOCAL_RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            master_addr=env["MASTER_ADDR"],
+            master_port=int(env["MASTER_PORT"]),
+            source="torchrun",
+        )
+    if env.get("SLURM_STEP_ID") is not None and env.get("SLURM_PROCID") is not None:
+        return _read_slurm(env)  # a task started by srun (not the batch script itself)
+    return DistEnv()
+
+
+def _read_slurm(env: Mapping[str, str]) -> DistEnv:
+    missing = _missing(env, SLURM_VARS)
+    if missing:
+        raise ConfigError(f"SLURM task environment is incomplete: {', '.join(missing)} missing")
+    world = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+    nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
+    return DistEnv(
+        rank=int(env["SLURM_PROCID"]),
+        local_rank=int(env["SLURM_LOCALID"]),
+        world_size=world,
+        master_addr=expand_nodelist(nodelist)[0],
+        master_port=int(env.get("MASTER_PORT") or slurm_port(env["SLURM_JOB_ID"])),
+        source="slurm",
+    )
+
+
+def pick_device(requested: str, denv: DistEnv) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu")
+        index = denv.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init(denv: DistEnv, cfg: DistConfig, device: torch.device) -> None:
+    """Join the process group (no-op for a single process)."""
+    if not denv.distributed:
+        return
+    backend = cfg.backend if cfg.backend != "auto" else "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError("dist.backend=nccl needs CUDA devices; use dist.backend=gloo on CPU")
+    if cfg.init_method == "env://":
+        # srun provides no MASTER_*; publish what read_env derived so env:// finds it.
+        os.environ.setdefault("MASTER_ADDR", denv.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(denv.master_port))
+    dist.init_process_group(
+        backend=backend,
+        init_method=cfg.init_method,
+        rank=denv.rank,
+        world_size=denv.world_size,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when the flag is set on any rank (a collective: call on all ranks)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_object(obj, src: int = 0):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's obj, in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,48 @@
+"""Start N local processes without torchrun (notebooks, machines without it).
+
+Each child gets the variables torchrun would set, so it runs exactly the torchrun path."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int) -> None:
+    os.environ.update(
+        RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+    )
+    torch.set_num_threads(threads)
+    from engine.train import main
+
+    code = main(argv)
+    if code:
+        raise SystemExit(code)
+
+
+def spawn_local(n: int, recipe: str, overrides: list[str], run_name: str) -> int:
+    """The parent picks the run name and port so every child agrees on them."""
+    argv = [recipe, *[o for o in overrides if not o.startswith("run.name=")], f"run.name={run_name}"]
+    threads = max(1, (os.cpu_count() or 1) // n)
+    ctx = mp.start_processes(
+        _child, args=(n, free_port(), argv, threads), nprocs=n, join=False, start_method="spawn"
+    )
+    try:
+        while not ctx.join():
+            pass
+    except mp.ProcessExitedException as err:
+        return err.exit_code if err.exit_code and err.exit_code > 0 else 1
+    except mp.ProcessRaisedException as err:
+        print(str(err).strip().splitlines()[-1])
+        return 1
+    return 0

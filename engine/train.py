@@ -1,0 +1,453 @@
+"""One training process: `python -m engine.train RECIPE [key=value ...] [--spawn N]`.
+
+Exit codes: 0 done, 1 failure, 2 bad request (one line on stderr), 75 stopped on a
+preemption signal with a checkpoint saved (rerun the same command to resume)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import checkpoint as ckpt
+from engine import config as C
+from engine import distributed as D
+from engine import preempt, recipe as R
+from engine.data import eval_loader, train_loader
+from engine.optim import build_optimizer, build_scheduler
+from engine.sampler import GlobalBatchSampler, plan_batches
+from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
+from engine.tracking import NullTracker, Progress, Tracker, environment, log, wandb_mode
+
+
+@dataclass
+class State:
+    """Where training stands: enough, with the checkpointed states, to resume bit for bit."""
+
+    epoch: int = 0
+    step: int = 0  # optimizer steps done
+    position: int = 0  # global samples consumed in the current epoch
+    last_eval: dict = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    cfg: C.Config
+    denv: D.DistEnv
+    device: torch.device
+    run_dir: Path
+    model: nn.Module  # wrapped for training (DDP/DP/compiled) or bare
+    bare: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: GlobalBatchSampler
+    train_data: torch.utils.data.Dataset
+    eval_data: torch.utils.data.Dataset
+    loss_fn: object
+    total_steps: int
+    amp_dtype: torch.dtype | None
+    tracker: Tracker | NullTracker
+    state: State
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def load_config(recipe_name: str, overrides: list[str]) -> tuple[C.Config, R.Recipe]:
+    recipe_yaml = C.read_yaml(R.config_path(recipe_name))
+    recipe = R.load(recipe_name)
+    sections = {"model": recipe.model_config, "data": recipe.data_config}
+    return C.resolve(recipe_name, recipe_yaml, overrides, sections), recipe
+
+
+def new_run_name(recipe: str) -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + recipe + f"-{os.getpid() % 10000:04d}"
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    if mode == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if mode == "fp16" and device.type != "cuda":
+        raise C.ConfigError("train.amp=fp16 needs a CUDA device; use train.amp=bf16 or off on CPU")
+    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+
+
+# ---------------------------------------------------------------- set-up
+
+
+def wrap_model(model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.device):
+    dcfg, strategy = cfg.dist, cfg.dist.strategy
+    if strategy == "auto":
+        strategy = "ddp" if denv.distributed else "none"
+    if strategy == "dp" and denv.distributed:
+        raise C.ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
+    if strategy == "none" and denv.distributed:
+        raise C.ConfigError("dist.strategy=none with several processes; use ddp")
+    if cfg.train.compile:
+        model = torch.compile(model)
+    if strategy == "dp":
+        return nn.DataParallel(model)
+    if strategy == "ddp":
+        if dcfg.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            static_graph=dcfg.static_graph and not dcfg.find_unused_parameters,
+            find_unused_parameters=dcfg.find_unused_parameters,
+        )
+    return model
+
+
+def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:
+    if cfg.resume == "none":
+        return None
+    if cfg.resume == "auto":
+        return ckpt.latest_valid(run_dir / "checkpoints")
+    path = Path(cfg.resume)
+    return path, ckpt.load(path)
+
+
+def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device) -> Run:
+    run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
+    mode = "off" if not denv.is_main else wandb_mode(cfg.log)
+    plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
+    seed_process(cfg.seed, denv.rank)
+    train_data, eval_data = recipe.build_datasets(cfg.data)
+    model = recipe.build_model(cfg.model)
+    sampler = GlobalBatchSampler(len(train_data), plan, denv.rank, cfg.seed)
+    total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
+
+    source = resume_source(cfg, run_dir)
+    if source:
+        ckpt.load_model_state(model, source[1]["model"])
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.to(device)
+    wrapped = wrap_model(model, cfg, denv, device)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, total, cfg.sched)
+    dtype = amp_dtype(cfg.train.amp, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    state = State()
+    if source:
+        state = restore(source, optimizer, scheduler, scaler, denv, cfg.seed)
+        if denv.is_main:
+            log(f"resuming from {source[0]} (epoch {state.epoch}, step {state.step})")
+
+    tracker = NullTracker()
+    if denv.is_main:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(C.dump(cfg))
+        tracker = Tracker(run_dir, cfg.log, mode, cfg.to_dict(), state.step)
+    hosts = D.gather_objects(socket.gethostname())
+    if denv.is_main:
+        env = environment(denv.world_size, hosts, device)
+        (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    return Run(
+        cfg, denv, device, run_dir, wrapped, model, optimizer, scheduler, scaler, sampler,
+        train_data, eval_data, recipe.loss or F.cross_entropy, total, dtype, tracker, state,
+    )
+
+
+def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) -> State:
+    _, saved = source
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    scaler.load_state_dict(saved["scaler"])
+    if saved["world_size"] == denv.world_size:
+        set_rng_state(saved["rng"][denv.rank])
+    else:  # a different world size: fresh per-rank streams, still a function of the step
+        seed_process(derive_seed(seed, saved["step"]), denv.rank)
+    return State(saved["epoch"], saved["step"], saved["position"], saved.get("last_eval", {}))
+
+
+# ---------------------------------------------------------------- checkpoint, evaluation
+
+
+def save_checkpoint(run: Run) -> None:
+    """A collective: every rank contributes its RNG state; rank 0 writes."""
+    rngs = D.gather_objects(rng_state())
+    if run.denv.is_main:
+        st = run.state
+        folder = run.run_dir / "checkpoints"
+        payload = {
+            "model": run.bare.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "scaler": run.scaler.state_dict(),
+            "epoch": st.epoch,
+            "step": st.step,
+            "position": st.position,
+            "world_size": run.denv.world_size,
+            "rng": rngs,
+            "last_eval": st.last_eval,
+        }
+        ckpt.atomic_save(payload, ckpt.checkpoint_path(folder, st.step))
+        ckpt.prune(folder, run.cfg.ckpt.keep)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # nobody leaves before the file is complete
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict:
+    """Each held-out sample exactly once across ranks; sums reduced over ranks."""
+    model, device = run.bare, run.device
+    was_training = model.training
+    model.eval()
+    loader = eval_loader(
+        run.eval_data, run.cfg.eval.batch_size, run.denv.rank, run.denv.world_size,
+        run.cfg.loader, device,
+    )
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
+    for x, y in loader:
+        x, y = to_device(x, y, run)
+        with autocast(run):
+            logits = model(x)
+        loss = run.loss_fn(logits.float(), y, reduction="sum")
+        k = min(5, logits.shape[-1])
+        hits = logits.topk(k, dim=-1).indices == y[:, None]
+        totals += torch.stack([loss.double(), hits[:, 0].sum(), hits.sum(), torch.tensor(len(y))])
+    D.all_reduce_sum(totals)
+    loss_sum, top1, top5, count = totals.tolist()
+    if int(count) != len(run.eval_data):
+        raise RuntimeError(f"evaluated {int(count)} samples, expected {len(run.eval_data)}")
+    model.train(was_training)
+    return {"loss": loss_sum / count, "top1": top1 / count, "top5": top5 / count, "count": int(count)}
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def autocast(run: Run):
+    if run.amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(run.device.type, dtype=run.amp_dtype)
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, run: Run):
+    x = x.to(run.device, non_blocking=True)
+    if run.cfg.train.channels_last and x.ndim == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y.to(run.device, non_blocking=True)
+
+
+def train_step(run: Run, micro_batches: list) -> torch.Tensor:
+    """One optimizer step over this rank's micro batches; returns the summed loss (detached)."""
+    accum = len(micro_batches)
+    total = torch.zeros((), device=run.device)
+    for j, (x, y, _) in enumerate(micro_batches):
+        x, y = to_device(x, y, run)
+        last = j == accum - 1
+        sync = contextlib.nullcontext() if last or not hasattr(run.model, "no_sync") else run.model.no_sync()
+        with sync:
+            with autocast(run):
+                loss = run.loss_fn(run.model(x), y) / accum
+            run.scaler.scale(loss).backward()
+        total += loss.detach()
+    if run.cfg.train.grad_clip > 0:
+        run.scaler.unscale_(run.optimizer)
+        nn.utils.clip_grad_norm_(run.bare.parameters(), run.cfg.train.grad_clip)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return total
+
+
+class Meter:
+    """Loss, throughput and data-wait fraction over a logging window."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = torch.zeros((), device=self.device)
+        self.steps = self.samples = 0
+        self.wait = 0.0
+        self.started = time.perf_counter()
+
+    def record(self, run: Run) -> dict:
+        loss = D.all_reduce_sum(self.loss.detach().clone().reshape(1)).item() / run.denv.world_size
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        st = run.state
+        rec = {
+            "kind": "train", "step": st.step, "epoch": st.epoch, "loss": loss / self.steps,
+            "lr": run.optimizer.param_groups[0]["lr"], "samples_per_s": self.samples / elapsed,
+            "data_wait": self.wait / elapsed,
+        }
+        self.reset()
+        return rec
+
+
+def train_epoch(run: Run, progress: Progress) -> str | None:
+    """Train to the end of the epoch; returns a reason when training must stop early."""
+    cfg, st, plan = run.cfg, run.state, run.sampler.plan
+    run.sampler.set_epoch(st.epoch, st.position)
+    meter = Meter(run.device)
+    batches = iter(train_loader(run.train_data, run.sampler, cfg.loader, run.device))
+    steps_in_epoch = run.sampler.steps_per_epoch
+    while st.position < steps_in_epoch * plan.global_batch and st.step < run.total_steps:
+        waited = time.perf_counter()
+        micro = [next(batches) for _ in range(plan.accum_steps)]
+        meter.wait += time.perf_counter() - waited
+        if cfg.log.sample_ids:
+            write_sample_ids(run, micro)
+        meter.loss += train_step(run, micro)
+        st.step += 1
+        st.position += plan.global_batch
+        meter.steps += 1
+        meter.samples += plan.global_batch
+        record = meter.record(run) if st.step % cfg.log.every_steps == 0 else None
+        if record:
+            run.tracker.write(record)
+        progress.update(st.step, record)
+        reason = stop_reason(run)
+        end_of_epoch = st.position >= steps_in_epoch * plan.global_batch
+        if reason or (cfg.ckpt.every_steps and st.step % cfg.ckpt.every_steps == 0 and not end_of_epoch):
+            save_checkpoint(run)
+        if reason:
+            return reason
+    return None
+
+
+def stop_reason(run: Run) -> str | None:
+    stop_at = run.cfg.train.stop_at_step
+    if stop_at and run.state.step == stop_at and run.state.step < run.total_steps:
+        return "stop_at_step"
+    if D.any_rank(preempt.stop_requested(), run.device):  # every rank agrees, every step
+        return "preempted"
+    return None
+
+
+def write_sample_ids(run: Run, micro: list) -> None:
+    ids = torch.cat([idx for _, _, idx in micro]).tolist()
+    gathered = D.gather_objects(ids)
+    if run.denv.is_main:
+        with (run.run_dir / "samples.jsonl").open("a") as f:
+            f.write(json.dumps({"step": run.state.step, "ids": sorted(sum(gathered, []))}) + "\n")
+
+
+def fit(run: Run) -> str | None:
+    cfg, st = run.cfg, run.state
+    progress = Progress(run.total_steps, st.step, cfg.log.progress, run.denv.is_main)
+    try:
+        while st.step < run.total_steps:
+            reason = train_epoch(run, progress)
+            if reason:
+                return reason
+            if st.position >= run.sampler.steps_per_epoch * run.sampler.plan.global_batch:
+                end_epoch(run, progress)
+        if not st.last_eval or st.last_eval.get("step") != st.step:
+            st.last_eval = run_eval(run, progress)
+            save_checkpoint(run)
+        return None
+    finally:
+        progress.close()
+
+
+def end_epoch(run: Run, progress: Progress) -> None:
+    st = run.state
+    st.epoch += 1
+    st.position = 0
+    if st.epoch % run.cfg.eval.every_epochs == 0 or st.step >= run.total_steps:
+        st.last_eval = run_eval(run, progress)
+    save_checkpoint(run)
+
+
+def run_eval(run: Run, progress: Progress) -> dict:
+    result = evaluate(run)
+    record = {"kind": "eval", "step": run.state.step, "epoch": run.state.epoch} | result
+    run.tracker.write(record)
+    progress.message(
+        f"eval epoch {record['epoch']} step {record['step']}: loss {result['loss']:.4f} "
+        f"top1 {100 * result['top1']:.2f}% top5 {100 * result['top5']:.2f}%"
+    )
+    return record
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def train(cfg: C.Config, recipe: R.Recipe) -> int:
+    started = time.perf_counter()
+    denv = D.read_env()
+    set_deterministic(cfg.deterministic)
+    device = D.pick_device(cfg.device, denv)
+    D.init(denv, cfg.dist, device)
+    try:
+        name = D.broadcast_object(cfg.run.name or new_run_name(cfg.recipe))
+        cfg.run.name = name
+        run = setup(cfg, recipe, denv, device)
+        reason = fit(run)
+        if denv.is_main:
+            finish(run, reason, time.perf_counter() - started)
+        run.tracker.close()
+        return preempt.EXIT_PREEMPTED if reason == "preempted" else 0
+    finally:
+        D.shutdown()
+
+
+def finish(run: Run, reason: str | None, seconds: float) -> None:
+    st = run.state
+    if reason:
+        log(f"stopped at step {st.step} ({reason}); checkpoint saved. Resume: rerun with "
+            f"run.name={run.cfg.run.name}")
+        return
+    ev = st.last_eval
+    summary = {
+        "top1": ev["top1"], "top5": ev["top5"], "eval_loss": ev["loss"], "seconds": seconds,
+        "steps": st.step, "epochs": st.epoch, "world_size": run.denv.world_size,
+    }
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log(f"{run.cfg.recipe}: top1 {100 * ev['top1']:.2f}% top5 {100 * ev['top5']:.2f}% "
+        f"in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}")
+
+
+def parse_argv(argv: list[str]) -> tuple[str, list[str], int]:
+    usage = "usage: python -m engine.train RECIPE [key=value ...] [--spawn N]"
+    args, spawn = list(argv), 0
+    if "--spawn" in args:
+        i = args.index("--spawn")
+        try:
+            spawn = int(args[i + 1])
+        except (IndexError, ValueError):
+            raise C.ConfigError(f"--spawn needs a process count; {usage}") from None
+        del args[i : i + 2]
+    if not args or args[0].startswith("-") or "=" in args[0]:
+        raise C.ConfigError(f"no recipe given (available: {', '.join(R.available())}); {usage}")
+    return args[0], args[1:], spawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        recipe_name, overrides, spawn = parse_argv(argv)
+        cfg, recipe = load_config(recipe_name, overrides)
+        D.read_env()  # a half-set environment is a user error too
+        if spawn > 1:
+            from engine.spawn import spawn_local
+
+            return spawn_local(spawn, recipe_name, overrides, cfg.run.name or new_run_name(recipe_name))
+        preempt.install_handlers()
+        return train(cfg, recipe)
+    except C.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
