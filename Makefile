@@ -56,8 +56,16 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 lint: $(STAMP)
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+	$(PY) -m ruff check $(or $(LINT_PY),.)
+	$(PY) -m ruff format --check $(or $(LINT_PY),.)
+	$(VENV)/bin/hadolint --no-color $(or $(LINT_DOCKERFILES),Dockerfile)
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows $(or $(LINT_WORKFLOWS),$(wildcard .github/workflows/*.yml))
+
+# Resolve the Dockerfile's BASE_IMAGE digest and record it as its `ARG BASE_DIGEST` default
+# (needs docker and registry access; elsewhere it fails with a one-line message).
+.PHONY: image-digest
+image-digest:
+	@bash docker/resolve-base-digest.sh Dockerfile
 
 # Resolve pyproject's dependencies afresh and write exact versions to the lock.
 lock:
