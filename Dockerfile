@@ -71,14 +71,12 @@ RUN if [ -z "${LOCK_SHA256}" ]; then \
 # A non-root user; the image also runs as any host uid (`docker run -u UID:GID`): HOME is a
 # world-writable /tmp/home (caches of pip, triton and W&B derive from it; torch.compile's cache
 # falls back to /tmp/torchinductor_uid_N without a passwd entry), the venv is read-only for all.
-# W&B stays offline unless the run says otherwise (-e WANDB_MODE=online): no network needed.
+# W&B needs no network: without credentials (-e WANDB_API_KEY) the engine logs offline.
 RUN useradd --uid 1000 --user-group --create-home --shell /bin/bash trainer \
     && mkdir -p /workspace/runs /data /tmp/home \
     && chown trainer:trainer /workspace \
     && chmod 1777 /workspace/runs /tmp/home
 ENV HOME=/tmp/home \
-    WANDB_MODE=offline \
-    WANDB_DIR=/workspace/runs \
     RECIPES_DATA=/data
 
 # Provenance, declared after the heavy layers so a new commit rebuilds nothing above.
