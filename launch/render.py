@@ -1,0 +1,303 @@
+"""Pure rendering: a Request in, an argv list (or an sbatch script) out.
+
+Nothing here reads the environment, touches the filesystem or starts a process; the CLI
+resolves every default first. Each function returns the exact argv that runs, and
+`shell_join` is the exact text printed for it (every element quoted with shlex.quote), so an
+override such as '"; rm -rf x"' stays one inert argument in every target.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+
+WORKDIR = "/workspace"  # the image's WORKDIR: the checkout is mounted here
+DATA_MOUNT = "/data"  # the data root inside a container (RECIPES_DATA points here)
+PREEMPTED = 75  # engine exit code: stopped on SIGUSR2 with a checkpoint saved
+# Passed into containers by name only (`-e NAME`): docker copies the value from the caller's
+# environment, so no secret ever appears in a printed command or a process listing.
+PASSTHROUGH_ENV = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY")
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Scheduler options shared by the sbatch script, pyxis srun and submitit."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    setup: tuple[str, ...] = ()  # shell lines run before srun (module load, venv, ...)
+    signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit
+    max_requeues: int = 20  # stop requeueing a job that was requeued this often
+
+
+@dataclass(frozen=True)
+class Request:
+    """One launch, fully resolved: every field is a value, never 'auto'."""
+
+    recipe: str
+    run_name: str
+    gpus: int = 0  # per node; 0 = CPU
+    nodes: int = 1
+    procs: int = 1  # processes per node when gpus == 0
+    overrides: tuple[str, ...] = ()  # dotted key=value, passed through verbatim
+    python: str = "python"  # host interpreter (the CLI passes sys.executable)
+    image: str = "recipes:dev"
+    sif: str = "recipes.sif"
+    rdzv_endpoint: str | None = None  # HOST:PORT of the first node when nodes > 1
+    src: str = "."  # host checkout, mounted at /workspace in containers
+    data: str = "data"  # host data root (RECIPES_DATA), mounted at /data
+    run_root: str = "runs"  # run.root of the engine config
+    uid_gid: str | None = None  # docker -u; None: the image's user
+    slurm: Slurm = field(default_factory=Slurm)
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.gpus if self.gpus > 0 else self.procs
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def run_dir(self) -> str:
+        return posixpath.join(self.run_root, self.recipe, self.run_name)
+
+
+def shell_join(argv: list[str]) -> str:
+    """The printed form of an argv: shlex.split(shell_join(argv)) == argv."""
+    return shlex.join(argv)
+
+
+def override_keys(overrides: tuple[str, ...]) -> set[str]:
+    return {o.partition("=")[0] for o in overrides}
+
+
+def engine_args(req: Request) -> list[str]:
+    """Arguments of `engine.train`: the recipe, what launch adds, then the user's overrides."""
+    keys = override_keys(req.overrides)
+    added = []
+    if req.gpus == 0 and "device" not in keys:
+        added.append("device=cpu")
+    if "run.name" not in keys:
+        added.append(f"run.name={req.run_name}")
+    return [req.recipe, *added, *req.overrides]
+
+
+def engine_command(req: Request, python: str) -> list[str]:
+    """The command one node runs: plain python, torchrun standalone, or multi-node torchrun.
+
+    torchrun is started as `python -m torch.distributed.run` (its console script is exactly
+    that), so the interpreter that runs is the one named here, venv or image."""
+    module = ["-m", "engine.train", *engine_args(req)]
+    n = req.procs_per_node
+    if req.nodes == 1 and n == 1:
+        return [python, *module]
+    torchrun = [python, "-m", "torch.distributed.run"]
+    if req.nodes == 1:
+        return [*torchrun, "--standalone", f"--nproc_per_node={n}", *module]
+    if not req.rdzv_endpoint:
+        raise ValueError("nodes > 1 needs rdzv_endpoint (HOST:PORT of the first node)")
+    return [
+        *torchrun,
+        f"--nnodes={req.nodes}",
+        f"--nproc_per_node={n}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={req.rdzv_endpoint}",
+        f"--rdzv_id={req.run_name}",  # the same on every node: the run name is shared
+        *module,
+    ]
+
+
+def local(req: Request) -> list[str]:
+    return engine_command(req, req.python)
+
+
+def _host(req: Request, path: str) -> str:
+    return path if posixpath.isabs(path) else posixpath.join(req.src, path)
+
+
+def _container_runs(req: Request) -> str:
+    root = req.run_root
+    return root if posixpath.isabs(root) else posixpath.join(WORKDIR, root)
+
+
+def _mounts(req: Request) -> list[tuple[str, str]]:
+    return [
+        (req.src, WORKDIR),
+        (_host(req, req.data), DATA_MOUNT),
+        (_host(req, req.run_root), _container_runs(req)),
+    ]
+
+
+def docker_run(req: Request) -> list[str]:
+    """`docker run` of the engine command in the image (python on PATH, WORKDIR /workspace)."""
+    argv = ["docker", "run", "--rm", "--pull=never", "--ipc=host"]
+    if req.gpus:
+        argv.append(f"--gpus={req.gpus}")
+    if req.nodes > 1:
+        argv.append("--network=host")  # torchrun's rendezvous must reach the other nodes
+    if req.uid_gid:
+        argv += ["-u", req.uid_gid]  # files in runs/ stay the caller's (the image's HOME is 1777)
+    for host, inside in _mounts(req):
+        argv += ["-v", f"{host}:{inside}"]
+    argv += ["-w", WORKDIR, "-e", f"RECIPES_DATA={DATA_MOUNT}"]
+    for name in PASSTHROUGH_ENV:
+        argv += ["-e", name]
+    return [*argv, req.image, *engine_command(req, "python")]
+
+
+def _srun_options(req: Request) -> list[str]:
+    s = req.slurm
+    argv = [f"--nodes={req.nodes}", f"--ntasks-per-node={req.procs_per_node}"]
+    if req.gpus:
+        argv.append(f"--gpus-per-node={req.gpus}")
+    optional = {
+        "partition": s.partition,
+        "account": s.account,
+        "qos": s.qos,
+        "cpus-per-task": s.cpus_per_task,
+        "mem": f"{s.mem_gb}G" if s.mem_gb else None,
+        "constraint": s.constraint,
+        "exclude": s.exclude,
+    }
+    argv += [f"--{k}={v}" for k, v in optional.items() if v is not None]
+    return [*argv, f"--time={s.time_min}"]
+
+
+def pyxis(req: Request) -> list[str]:
+    """srun with the pyxis plugin: one task per GPU (or per CPU process), one container each;
+    the engine takes its rank from the SLURM variables."""
+    mounts = ",".join(f"{host}:{inside}" for host, inside in _mounts(req))
+    return [
+        "srun",
+        *_srun_options(req),
+        f"--signal=USR2@{req.slurm.signal_delay_s}",
+        "--kill-on-bad-exit=1",
+        f"--container-image={req.image}",
+        f"--container-mounts={mounts}",
+        f"--container-workdir={WORKDIR}",
+        f"--export=ALL,RECIPES_DATA={DATA_MOUNT}",
+        "python",
+        "-m",
+        "engine.train",
+        *engine_args(req),
+    ]
+
+
+def apptainer(req: Request) -> list[str]:
+    """`apptainer exec` of the engine command in the SIF (the caller's environment, secrets
+    included, passes through by apptainer's default; nothing is written on the line)."""
+    binds = ",".join(f"{host}:{inside}" for host, inside in _mounts(req))
+    argv = ["apptainer", "exec"]
+    if req.gpus:
+        argv.append("--nv")
+    argv += ["--bind", binds, "--pwd", WORKDIR, "--env", f"RECIPES_DATA={DATA_MOUNT}", req.sif]
+    return [*argv, *engine_command(req, "python")]
+
+
+def image_build(req: Request, git_sha: str, lock_sha256: str) -> list[str]:
+    return [
+        "docker",
+        "build",
+        "--build-arg",
+        f"GIT_SHA={git_sha}",
+        "--build-arg",
+        f"LOCK_SHA256={lock_sha256}",
+        "--build-arg",
+        f"IMAGE_TAG={req.image}",
+        "-t",
+        req.image,
+        "-f",
+        posixpath.join(req.src, "Dockerfile"),
+        req.src,
+    ]
+
+
+def sif_build(req: Request) -> list[str]:
+    return ["apptainer", "build", "--force", req.sif, f"docker-daemon://{req.image}"]
+
+
+def slurm_log_dir(req: Request) -> str:
+    return posixpath.join(req.run_dir, "slurm")
+
+
+def _one_line(what: str, text: str) -> str:
+    """A value written into a comment or #SBATCH line: a line break would end the comment."""
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{what} cannot contain a line break: {text!r}")
+    return text
+
+
+def _directive(key: str, value: object) -> str:
+    if value is True:
+        return f"#SBATCH --{key}"
+    return f"#SBATCH --{key}={shlex.quote(_one_line(f'--{key}', str(value)))}"
+
+
+def sbatch_script(req: Request) -> str:
+    """A batch script for people who submit by hand (`sbatch FILE`): one srun task per GPU
+    (or per CPU process), ranks from SLURM variables, requeued when the engine exits 75."""
+    s = req.slurm
+    logs = slurm_log_dir(req)
+    directives = {
+        "job-name": f"{req.recipe}-{req.run_name}",
+        "nodes": req.nodes,
+        "ntasks-per-node": req.procs_per_node,
+        "gpus-per-node": req.gpus or None,
+        "cpus-per-task": s.cpus_per_task,
+        "mem": f"{s.mem_gb}G" if s.mem_gb else None,
+        "time": s.time_min,
+        "partition": s.partition,
+        "account": s.account,
+        "qos": s.qos,
+        "constraint": s.constraint,
+        "exclude": s.exclude,
+        "signal": f"USR2@{s.signal_delay_s}",  # to every task of each step, not the script
+        "requeue": True,
+        "open-mode": "append",  # a requeued job appends to the same logs
+        "chdir": req.src,
+        "output": f"{logs}/%j.out",
+        "error": f"{logs}/%j.err",
+    }
+    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", req.python, "-m", "engine.train"]
+    lines = [
+        "#!/bin/bash",
+        f"# Submit: mkdir -p {shlex.quote(_one_line('log dir', _host(req, logs)))} && sbatch FILE",
+        *(_directive(k, v) for k, v in directives.items() if v is not None),
+        "",
+        *s.setup,
+    ]
+    if s.cpus_per_task:  # srun does not inherit --cpus-per-task from sbatch (Slurm >= 22.05)
+        lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')
+    lines += [
+        shell_join([*srun, *engine_args(req)]),
+        "rc=$?",
+        f'if [ "$rc" -eq {PREEMPTED} ]; then',
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {s.max_requeues} ]; then',
+        '    echo "stopped on a preemption signal, checkpoint saved: requeueing job'
+        ' $SLURM_JOB_ID" >&2',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "  else",
+        f'    echo "not requeueing: job $SLURM_JOB_ID was requeued {s.max_requeues} times" >&2',
+        "  fi",
+        "fi",
+        'exit "$rc"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+TARGETS = {
+    "local": local,
+    "docker": docker_run,
+    "pyxis": pyxis,
+    "apptainer": apptainer,
+    "sif": sif_build,
+}

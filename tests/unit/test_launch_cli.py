@@ -1,0 +1,252 @@
+"""`python -m launch` as a subprocess: dry runs, bad input, make, and a real (fake-engine) run."""
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUEST_VARS = (
+    "RECIPE GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS RDZV_ENDPOINT RECIPES_DATA RECIPES_DIR "
+    "PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S "
+    "MAX_REQUEUES MAKEFLAGS MAKELEVEL MFLAGS"
+).split()
+CONFIG = """\
+seed: 0
+train: {epochs: 1}
+slurm:
+  time_min: 20
+  partition: from-config
+  setup: ["echo setting up"]
+"""
+FAKE_TRAIN = """\
+import json, os, sys
+from pathlib import Path
+
+def main(argv):
+    with open(os.environ["FAKE_RECORD"], "a") as f:
+        f.write(json.dumps({"orig_argv": sys.orig_argv, "cwd": os.getcwd()}) + "\\n")
+    return int(os.environ.get("FAKE_RC", "0"))
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+RUN_NAME = re.compile(r"run\.name=\d{8}-\d{6}-digits-[0-9a-f]{4}")
+
+
+@pytest.fixture
+def recipes(tmp_path):
+    for name in ("digits", "other"):
+        (tmp_path / "recipes" / name).mkdir(parents=True)
+        (tmp_path / "recipes" / name / "config.yaml").write_text(CONFIG)
+    return tmp_path / "recipes"
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in REQUEST_VARS}
+    return {**env, **extra}
+
+
+def launch(*args, cwd=ROOT, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch", *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def one_line(out: str) -> str:
+    lines = out.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0], out
+    return lines[0]
+
+
+# ---------------------------------------------------------------- dry runs
+
+
+def test_dry_run_cpu_is_the_venv_python_with_device_cpu_and_a_fresh_name(recipes):
+    done = launch("train", DRY_RUN="1", GPUS="0", RECIPES_DIR=str(recipes))
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    assert argv[:5] == [sys.executable, "-m", "engine.train", "digits", "device=cpu"]
+    assert RUN_NAME.fullmatch(argv[5]) and len(argv) == 6
+
+
+def test_two_launches_never_share_a_run_name(recipes):
+    names = {
+        launch("train", DRY_RUN="1", GPUS="0", RECIPES_DIR=str(recipes)).stdout for _ in range(3)
+    }
+    assert len(names) == 3
+
+
+def test_unset_gpus_without_a_visible_gpu_means_cpu(recipes):
+    done = launch("dry-run", RECIPES_DIR=str(recipes), CUDA_VISIBLE_DEVICES="")
+    assert "device=cpu" in shlex.split(done.stdout), done.stderr
+
+
+def test_flags_win_over_environment_and_overrides_after_args(recipes):
+    done = launch(
+        "train", "--gpus", "4", "--recipe", "other", "--", "b=2", "c=--x",
+        DRY_RUN="1", GPUS="0", RECIPE="digits", ARGS="a=1 run.name=kept",
+        RECIPES_DIR=str(recipes),
+    )  # fmt: skip
+    argv = shlex.split(one_line(done.stdout))
+    assert "--nproc_per_node=4" in argv
+    assert argv[argv.index("engine.train") + 1 :] == [
+        "other", "a=1", "run.name=kept", "b=2", "c=--x"
+    ]  # fmt: skip
+
+
+def test_args_with_a_hostile_value_stay_one_argument(recipes):
+    hostile = 'note="; rm -rf x" $(touch pwned)'
+    done = launch(
+        "dry-run", GPUS="0", ARGS=shlex.quote(hostile), RECIPES_DIR=str(recipes)
+    )  # fmt: skip
+    argv = shlex.split(one_line(done.stdout))
+    assert argv[-1] == hostile
+
+
+def test_render_targets_print_one_command(recipes):
+    for target, first in [("docker", "docker"), ("pyxis", "srun"), ("apptainer", "apptainer")]:
+        done = launch("render", "--target", target, GPUS="1", RECIPES_DIR=str(recipes))
+        assert shlex.split(one_line(done.stdout))[0] == first, done.stderr
+
+
+def test_docker_train_default_image_is_the_git_short_sha(recipes):
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    done = launch("docker-train", DRY_RUN="1", GPUS="2", RECIPES_DIR=str(recipes))
+    argv = shlex.split(one_line(done.stdout))
+    assert f"recipes:{sha}" in argv and "--gpus=2" in argv
+
+
+def test_image_build_args(recipes):
+    done = launch("image", DRY_RUN="1", IMAGE="recipes:x", RECIPES_DIR=str(recipes))
+    argv = shlex.split(one_line(done.stdout))
+    lock = hashlib.sha256((ROOT / "requirements.lock").read_bytes()).hexdigest()
+    assert f"LOCK_SHA256={lock}" in argv and "IMAGE_TAG=recipes:x" in argv
+    assert argv[argv.index("-t") + 1] == "recipes:x"
+
+
+def test_submit_dry_run_prints_the_sbatch_script_env_over_config(recipes):
+    done = launch(
+        "submit", "--dry-run", GPUS="0", PROCS="2", PARTITION="from-env",
+        RECIPES_DIR=str(recipes),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    script = done.stdout
+    assert script.startswith("#!/bin/bash\n")
+    for line in ("--partition=from-env", "--time=20", "--ntasks-per-node=2", "--requeue"):
+        assert f"#SBATCH {line}\n" in script
+    assert "\necho setting up\n" in script
+
+
+def test_make_dry_run_cpu_processes(recipes):
+    done = subprocess.run(
+        ["make", "-s", "dry-run", "RECIPE=digits", "GPUS=0", "PROCS=2"],
+        cwd=ROOT,
+        env=clean_env(RECIPES_DIR=str(recipes)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert argv[5:8] == ["-m", "engine.train", "digits"]
+    assert "device=cpu" in argv and any(RUN_NAME.fullmatch(a) for a in argv)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+BAD = {
+    "unknown recipe": ({"RECIPE": "nope"}, [], "unknown recipe 'nope'; available: digits, other"),
+    "recipe path": ({"RECIPE": "../digits"}, [], "unknown recipe"),
+    "gpus not a number": ({"GPUS": "abc"}, [], "GPUS='abc' is not a whole number"),
+    "negative gpus": ({}, ["--gpus", "-1"], "--gpus='-1' is not a whole number >= 0"),
+    "zero nodes": ({"NODES": "0"}, [], "NODES='0' is not a whole number >= 1"),
+    "zero procs": ({"PROCS": "0", "GPUS": "0"}, [], "PROCS='0'"),
+    "procs with gpus": ({"GPUS": "2", "PROCS": "4"}, [], "PROCS=4 is for CPU runs"),
+    "override without =": ({"ARGS": '"; rm -rf x"'}, [], "is not key=value"),
+    "override is a word": ({}, ["--", "optim.lr"], "'optim.lr' is not key=value"),
+    "unbalanced quote": ({"ARGS": "a='1"}, [], "ARGS cannot be split"),
+    "bad run name": ({"ARGS": "run.name=a/b"}, [], "run.name='a/b'"),
+    "multi-node needs rendezvous": ({"NODES": "2", "GPUS": "1"}, [], "RDZV_ENDPOINT=HOST:PORT"),
+    "bad endpoint": ({"RDZV_ENDPOINT": "nohost"}, [], "is not HOST:PORT"),
+    "bad target": ({}, ["--target", "k8s"], "--target 'k8s' is not one of"),
+    "bad command": ({}, [], "invalid choice"),
+    "bad slurm int": ({"TIME_MIN": "soon"}, [], "TIME_MIN='soon'"),
+    "line break": ({"PARTITION": "a\nb"}, [], "PARTITION cannot contain a line break"),
+    "seeds": ({"SEEDS": "0"}, [], "SEEDS='0' is not a whole number >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_exit_2(case, recipes):
+    env, args, message = BAD[case]
+    command = {"bad command": "fly", "line break": "submit", "seeds": "sweep"}.get(case, "train")
+    env = {"GPUS": "0", "DRY_RUN": "1", "RECIPES_DIR": str(recipes), **env}
+    done = launch(command, *args, **env)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = one_line(done.stderr)
+    assert line.startswith("launch: ") and message in line, line
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_unknown_recipe_lists_the_real_recipes_by_default():
+    done = launch("train", RECIPE="nope", GPUS="0", DRY_RUN="1")
+    assert done.returncode == 2 and "digits" in one_line(done.stderr)
+
+
+def test_submit_without_sbatch_says_so_and_shows_the_dry_run(recipes, tmp_path):
+    done = launch("submit", GPUS="0", RECIPES_DIR=str(recipes), PATH=str(tmp_path))
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert "sbatch is not on PATH" in line and "submit --dry-run" in line
+
+
+def test_a_missing_program_is_one_line(recipes, tmp_path):
+    done = launch("docker-train", GPUS="0", RECIPES_DIR=str(recipes), PATH=str(tmp_path))
+    assert done.returncode == 2
+    assert "docker is not on PATH" in one_line(done.stderr)
+
+
+# ---------------------------------------------------------------- running: exactly that argv
+
+
+@pytest.fixture
+def fake_checkout(tmp_path):
+    """A copy of launch/ beside a fake engine that records how it was started."""
+    root = tmp_path / "checkout"
+    shutil.copytree(ROOT / "launch", root / "launch", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "engine").mkdir()
+    (root / "engine" / "__init__.py").write_text("")
+    (root / "engine" / "train.py").write_text(FAKE_TRAIN)
+    (root / "recipes" / "digits").mkdir(parents=True)
+    (root / "recipes" / "digits" / "config.yaml").write_text(CONFIG)
+    return root
+
+
+@pytest.mark.parametrize("rc", [0, 2, 75])
+def test_train_runs_the_printed_command_and_returns_its_exit_code(fake_checkout, tmp_path, rc):
+    env = dict(GPUS="0", ARGS="run.name=fixed 'note=a b'", FAKE_RECORD=str(tmp_path / "rec"))
+    printed = launch("train", "--dry-run", cwd=fake_checkout, **env)
+    assert printed.returncode == 0, printed.stderr
+    done = launch("train", cwd=fake_checkout, FAKE_RC=str(rc), **env)
+    assert done.returncode == rc, done.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
+    assert record["orig_argv"] == shlex.split(one_line(printed.stdout))
+    assert record["cwd"] == str(fake_checkout)
+    assert one_line(done.stderr) == "+ " + one_line(printed.stdout)

@@ -1,0 +1,324 @@
+"""launch.render: every target's argv, flags, quoting, ranks, and the injection string."""
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launch import render
+from launch.render import Request, Slurm
+
+PY = "/venv/bin/python"
+INJECT = '"; rm -rf x"'  # must stay one inert argv element everywhere
+INJECT_KV = "note=$(touch pwned); `touch pwned2` ' \" \\ ;"
+
+
+def req(**kw) -> Request:
+    base = dict(recipe="digits", run_name="RUN", python=PY, src="/src", image="img:1")
+    return Request(**{**base, **kw})
+
+
+def count(argv, item):
+    return sum(1 for a in argv if a == item)
+
+
+# ---------------------------------------------------------------- plain python and torchrun
+
+
+def test_cpu_single_process_is_plain_python_with_device_cpu():
+    assert render.local(req(gpus=0)) == [
+        PY, "-m", "engine.train", "digits", "device=cpu", "run.name=RUN"
+    ]  # fmt: skip
+
+
+def test_one_gpu_is_plain_python_on_the_default_device():
+    assert render.local(req(gpus=1)) == [PY, "-m", "engine.train", "digits", "run.name=RUN"]
+
+
+def test_gpus_above_one_is_torchrun_standalone_one_process_per_gpu():
+    argv = render.local(req(gpus=8, overrides=("optim.lr=0.2",)))
+    assert argv == [
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
+        "-m", "engine.train", "digits", "run.name=RUN", "optim.lr=0.2",
+    ]  # fmt: skip
+    assert "device=cpu" not in argv
+
+
+def test_cpu_processes_are_torchrun_standalone_with_device_cpu():
+    argv = render.local(req(gpus=0, procs=3))
+    assert argv[:5] == [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3"]
+    assert argv[5:] == ["-m", "engine.train", "digits", "device=cpu", "run.name=RUN"]
+
+
+def test_multi_node_is_c10d_rendezvous_without_node_rank():
+    argv = render.local(req(gpus=4, nodes=3, rdzv_endpoint="node1:29500"))
+    assert argv == [
+        PY, "-m", "torch.distributed.run", "--nnodes=3", "--nproc_per_node=4",
+        "--rdzv_backend=c10d", "--rdzv_endpoint=node1:29500", "--rdzv_id=RUN",
+        "-m", "engine.train", "digits", "run.name=RUN",
+    ]  # fmt: skip
+    assert not any("node_rank" in a or "node-rank" in a or a == "--standalone" for a in argv)
+
+
+def test_multi_node_cpu_uses_procs_per_node():
+    argv = render.local(req(gpus=0, procs=2, nodes=2, rdzv_endpoint="h:1"))
+    assert "--nproc_per_node=2" in argv and "--nnodes=2" in argv and "device=cpu" in argv
+
+
+def test_multi_node_without_endpoint_is_refused():
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        render.local(req(gpus=2, nodes=2))
+
+
+@pytest.mark.parametrize(
+    "gpus,procs,nodes,per_node,world", [(0, 1, 1, 1, 1), (0, 4, 2, 4, 8), (8, 1, 2, 8, 16)]
+)
+def test_processes_per_node_and_world_size(gpus, procs, nodes, per_node, world):
+    r = req(gpus=gpus, procs=procs, nodes=nodes)
+    assert (r.procs_per_node, r.world_size) == (per_node, world)
+
+
+def test_run_name_given_by_the_user_is_kept_and_not_duplicated():
+    argv = render.local(req(gpus=0, run_name="mine", overrides=("run.name=mine",)))
+    assert count(argv, "run.name=mine") == 1
+    assert not [a for a in argv if a.startswith("run.name=") and a != "run.name=mine"]
+
+
+def test_device_given_by_the_user_wins_over_device_cpu():
+    argv = render.local(req(gpus=0, overrides=("device=cuda",)))
+    assert "device=cpu" not in argv and argv[-1] == "device=cuda"
+
+
+def test_overrides_come_last_in_order():
+    argv = render.local(req(gpus=1, overrides=("b=1", "a=2", "b=3")))
+    assert argv[-3:] == ["b=1", "a=2", "b=3"]
+
+
+# ---------------------------------------------------------------- containers
+
+
+def test_docker_run_gpus_mounts_user_and_secrets_by_name(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "s3cret-value")
+    argv = render.docker_run(req(gpus=2, uid_gid="1000:1000", data="/big/data"))
+    assert argv[:5] == ["docker", "run", "--rm", "--pull=never", "--ipc=host"]
+    assert "--gpus=2" in argv
+    assert argv[argv.index("-u") + 1] == "1000:1000"
+    vols = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+    assert vols == ["/src:/workspace", "/big/data:/data", "/src/runs:/workspace/runs"]
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        assert name in envs  # by name: docker copies the caller's value
+    assert "RECIPES_DATA=/data" in envs
+    assert not any("s3cret" in a for a in argv)
+    inner = argv[argv.index("img:1") + 1 :]
+    assert inner[:5] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+    ]
+    assert PY not in argv  # the image's python, not the host venv's
+
+
+def test_docker_cpu_has_no_gpus_flag_and_device_cpu():
+    argv = render.docker_run(req(gpus=0))
+    assert not any(a.startswith("--gpus") for a in argv)
+    assert argv[argv.index("img:1") + 1 :] == [
+        "python", "-m", "engine.train", "digits", "device=cpu", "run.name=RUN"
+    ]  # fmt: skip
+
+
+def test_docker_multi_node_uses_host_network_and_rendezvous():
+    argv = render.docker_run(req(gpus=8, nodes=2, rdzv_endpoint="n1:29500"))
+    assert "--network=host" in argv and "--rdzv_endpoint=n1:29500" in argv
+
+
+def test_docker_relative_data_is_under_the_checkout_and_absolute_run_root_kept():
+    argv = render.docker_run(req(gpus=0, data="data", run_root="/scratch/runs"))
+    vols = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+    assert "/src/data:/data" in vols and "/scratch/runs:/scratch/runs" in vols
+
+
+def test_pyxis_srun_one_task_per_gpu_in_the_container():
+    slurm = Slurm(partition="gpu", account="acct", time_min=30, cpus_per_task=8)
+    argv = render.pyxis(req(gpus=4, nodes=2, slurm=slurm))
+    assert argv[0] == "srun"
+    for flag in (
+        "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--partition=gpu",
+        "--account=acct", "--time=30", "--cpus-per-task=8", "--container-image=img:1",
+        "--container-workdir=/workspace", "--signal=USR2@120",
+        "--container-mounts=/src:/workspace,/src/data:/data,/src/runs:/workspace/runs",
+    ):  # fmt: skip
+        assert flag in argv, flag
+    i = argv.index("python")
+    assert argv[i:] == ["python", "-m", "engine.train", "digits", "run.name=RUN"]
+    assert "torch.distributed.run" not in argv  # SLURM starts the ranks
+
+
+def test_pyxis_cpu_tasks_are_procs_without_gpus():
+    argv = render.pyxis(req(gpus=0, procs=3))
+    assert "--ntasks-per-node=3" in argv and "device=cpu" in argv
+    assert not any(a.startswith("--gpus") for a in argv)
+
+
+@pytest.mark.parametrize("gpus,nv", [(0, False), (1, True), (4, True)])
+def test_apptainer_exec_nv_only_with_gpus(gpus, nv):
+    argv = render.apptainer(req(gpus=gpus, sif="/img/r.sif"))
+    assert argv[:2] == ["apptainer", "exec"]
+    assert ("--nv" in argv) is nv
+    assert argv[argv.index("--bind") + 1] == (
+        "/src:/workspace,/src/data:/data,/src/runs:/workspace/runs"
+    )
+    assert argv[argv.index("--pwd") + 1] == "/workspace"
+    assert argv[argv.index("/img/r.sif") + 1] == "python"
+
+
+def test_image_build_records_sha_lock_and_tag():
+    argv = render.image_build(req(image="recipes:abc"), "f" * 40, "0" * 64)
+    assert argv[:2] == ["docker", "build"]
+    args = [argv[i + 1] for i, a in enumerate(argv) if a == "--build-arg"]
+    assert args == [f"GIT_SHA={'f' * 40}", f"LOCK_SHA256={'0' * 64}", "IMAGE_TAG=recipes:abc"]
+    assert argv[argv.index("-t") + 1] == "recipes:abc"
+    assert argv[-3:] == ["-f", "/src/Dockerfile", "/src"]
+
+
+def test_sif_build_from_the_docker_daemon():
+    assert render.sif_build(req(image="recipes:abc", sif="recipes.sif")) == [
+        "apptainer", "build", "--force", "recipes.sif", "docker-daemon://recipes:abc"
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- the sbatch script
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_sbatch_directives():
+    slurm = Slurm(
+        partition="gpu", account="acct", qos="high", time_min=90, cpus_per_task=10,
+        mem_gb=64, constraint="h100", exclude="bad1", signal_delay_s=300,
+    )  # fmt: skip
+    script = render.sbatch_script(req(gpus=8, nodes=2, slurm=slurm))
+    lines = sbatch_lines(script)
+    for line in (
+        "--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=10",
+        "--mem=64G", "--time=90", "--partition=gpu", "--account=acct", "--qos=high",
+        "--constraint=h100", "--exclude=bad1", "--signal=USR2@300", "--requeue",
+        "--open-mode=append", "--chdir=/src",
+        "--output=runs/digits/RUN/slurm/%j.out", "--error=runs/digits/RUN/slurm/%j.err",
+    ):  # fmt: skip
+        assert f"#SBATCH {line}" in lines, line
+    assert script.startswith("#!/bin/bash\n")
+
+
+def test_sbatch_cpu_tasks_are_procs_and_no_gpus():
+    script = render.sbatch_script(req(gpus=0, procs=4))
+    assert "#SBATCH --ntasks-per-node=4" in sbatch_lines(script)
+    assert not any("gpus" in line for line in sbatch_lines(script))
+    assert "device=cpu" in script
+
+
+def test_sbatch_unset_options_are_absent():
+    lines = sbatch_lines(render.sbatch_script(req(gpus=1)))
+    for key in ("partition", "account", "qos", "mem", "constraint", "exclude", "cpus-per-task"):
+        assert not any(line.startswith(f"#SBATCH --{key}=") for line in lines), key
+
+
+def test_sbatch_setup_lines_and_srun_cpus_come_before_srun():
+    slurm = Slurm(setup=("module load cuda", "source .venv/bin/activate"), cpus_per_task=4)
+    script = render.sbatch_script(req(gpus=2, slurm=slurm)).splitlines()
+    srun = next(i for i, line in enumerate(script) if line.startswith("srun "))
+    assert script.index("module load cuda") < srun
+    assert script.index('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"') < srun
+
+
+def test_sbatch_rejects_a_line_break_in_a_directive():
+    with pytest.raises(ValueError, match="line break"):
+        render.sbatch_script(req(slurm=Slurm(partition="gpu\nrm -rf x")))
+
+
+def fake_bin(folder: Path, name: str) -> None:
+    """A program that appends its argv (NUL-separated, one record per call) to $FAKE_LOG."""
+    path = folder / name
+    path.write_text(
+        '#!/bin/bash\n{ printf "%s\\0" "$(basename "$0")" "$@"; printf "\\n"; } >> "$FAKE_LOG"\n'
+        'exit "${FAKE_RC:-0}"\n'
+    )
+    path.chmod(0o755)
+
+
+def calls(log: Path) -> list[list[str]]:
+    if not log.exists():
+        return []
+    return [rec.rstrip("\0").split("\0") for rec in log.read_text().split("\0\n") if rec]
+
+
+def run_bash(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for name in ("srun", "scontrol", "python", "docker", "apptainer"):
+        fake_bin(bindir, name)
+    full = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "FAKE_LOG": str(tmp_path / "log"),
+        "SLURM_JOB_ID": "4242",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=full, capture_output=True, text=True
+    )
+
+
+def test_sbatch_script_srun_line_quotes_every_override(tmp_path):
+    r = req(gpus=0, python="python", overrides=(f"x={INJECT}", INJECT_KV, INJECT))
+    done = run_bash(render.sbatch_script(r), tmp_path)
+    assert done.returncode == 0, done.stderr
+    (srun,) = calls(tmp_path / "log")
+    assert srun == [
+        "srun", "--unbuffered", "--kill-on-bad-exit=1", "python", "-m", "engine.train",
+        *render.engine_args(r),
+    ]  # fmt: skip
+    assert srun[-1] == INJECT and srun[-2] == INJECT_KV
+    assert not list(tmp_path.glob("pwned*"))
+
+
+@pytest.mark.parametrize(
+    "rc,restarts,requeued", [(75, "0", True), (75, "19", True), (75, "20", False), (0, "0", False)]
+)
+def test_sbatch_script_requeues_on_exit_75(tmp_path, rc, restarts, requeued):
+    script = render.sbatch_script(req(gpus=1, python="python"))
+    done = run_bash(script, tmp_path, FAKE_RC=str(rc), SLURM_RESTART_COUNT=restarts)
+    assert done.returncode == rc  # scontrol (fake) exits 0; the script keeps the engine's code
+    scontrol = [c for c in calls(tmp_path / "log") if c[0] == "scontrol"]
+    assert scontrol == ([["scontrol", "requeue", "4242"]] if requeued else [])
+
+
+# ---------------------------------------------------------------- quoting, every target
+
+TARGETS = {
+    "local cpu": lambda r: render.local(r),
+    "torchrun": lambda r: render.local(Request(**{**r.__dict__, "gpus": 2})),
+    "multi-node": lambda r: render.local(
+        Request(**{**r.__dict__, "gpus": 2, "nodes": 2, "rdzv_endpoint": "h:1"})
+    ),
+    "docker": render.docker_run,
+    "pyxis": render.pyxis,
+    "apptainer": render.apptainer,
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_injection_stays_one_inert_argument(target, tmp_path):
+    r = req(gpus=0, python="python", overrides=(f"x={INJECT}", INJECT_KV, INJECT))
+    argv = TARGETS[target](r)
+    assert count(argv, INJECT) == 1 and count(argv, INJECT_KV) == 1
+    printed = render.shell_join(argv)
+    assert shlex.split(printed) == argv
+    done = run_bash(printed, tmp_path)  # the printed line, pasted into a shell
+    assert done.returncode == 0, done.stderr
+    assert calls(tmp_path / "log") == [argv]
+    assert not list(tmp_path.glob("pwned*")) and not (tmp_path / "x").exists()
