@@ -173,4 +173,3 @@ def test_submitit_preempted_checkpointable_job_is_requeued_and_finishes(slurm_cl
     _wait_submitit(job, timeout=60)
     assert job.result() == 1
     assert slurm_cluster.wait(job.job_id, timeout=30).restarts == 1
-
