@@ -58,6 +58,8 @@ NODES=(node1 node2)
 CTLD_PORT=6817
 PORTS=(6818 6819)
 START_TIMEOUT="${SLURM_TEST_START_TIMEOUT:-60}"
+# Present while munged runs because this script started it (then `stop` stops it too).
+MUNGE_MARKER=/run/munge/started-by-recipes-slurm-tests
 export SLURM_CONF="$CONF"
 
 say() { echo "[slurm-cluster] $*"; }
@@ -108,7 +110,7 @@ ensure_munge() {
   runuser -u munge -- munged </dev/null >/dev/null 2>&1 || true
   for _ in $(seq 50); do munge_works && break; sleep 0.1; done
   munge_works || die "munged did not start: $(tail -n 20 /var/log/munge/munged.log 2>&1)"
-  touch "$ROOT/run/munged.started-by-us"
+  touch "$MUNGE_MARKER"
 }
 
 render_conf() {
@@ -253,9 +255,9 @@ stop_daemons() {
 cmd_stop() {
   need_tools
   stop_daemons
-  if [[ -e $ROOT/run/munged.started-by-us ]]; then
-    munged --stop >/dev/null 2>&1 || runuser -u munge -- munged --stop >/dev/null 2>&1 || true
-    rm -f "$ROOT/run/munged.started-by-us"
+  if [[ -e $MUNGE_MARKER ]]; then
+    munged --stop >/dev/null 2>&1 || true
+    rm -f "$MUNGE_MARKER"
   fi
   say "stopped"
 }
