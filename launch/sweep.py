@@ -1,0 +1,217 @@
+"""Seed sweeps: N runs that differ only in `seed`, then a report of each run's summary.json
+with mean ± sample standard deviation.
+
+Seed i runs as `seed=i run.name=<base>-seed<i>`; the report lands in
+`<run root>/<recipe>/<base>-sweep/report.md` and `report.json`. Locally the runs go one after
+the other; with --slurm (or `python -m launch sweep --target submit`) they are one job array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from launch import render
+from launch.errors import UserError
+from launch.render import Request
+
+METRICS = ("top1", "top5", "eval_loss", "seconds", "steps", "world_size")
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def seed_requests(req: Request, seeds: int) -> list[Request]:
+    """One request per seed; the user's own seed and run.name overrides give way."""
+    keep = tuple(o for o in req.overrides if o.partition("=")[0] not in ("seed", "run.name"))
+    return [
+        replace(req, run_name=f"{req.run_name}-seed{i}", overrides=(*keep, f"seed={i}"))
+        for i in range(seeds)
+    ]
+
+
+def report_dir(src: str, run_root: str, recipe: str, base: str) -> Path:
+    return Path(src) / run_root / recipe / f"{base}-sweep"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def summarize(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per metric: mean and sample standard deviation (n - 1; None for a single run) over
+    the metrics that are numbers in every summary, the known ones first."""
+    if not summaries:
+        return {}
+    rows = list(summaries.values())
+    keys = [*METRICS, *sorted(set(rows[0]) - set(METRICS))]
+    stats = {}
+    for key in keys:
+        values = [row.get(key) for row in rows]
+        if not all(_is_number(v) for v in values):
+            continue
+        std = statistics.stdev(values) if len(values) > 1 else None
+        stats[key] = {"mean": statistics.fmean(values), "std": std, "n": len(values)}
+    return stats
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.4f}"
+
+
+def report_markdown(recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]) -> str:
+    stats = summarize({seed: summary for seed, (_, summary) in runs.items()})
+    names = list(stats)
+    lines = [
+        f"# Seed sweep {base} ({recipe}): {len(runs)} seeds",
+        "",
+        "| seed | run | " + " | ".join(names) + " |",
+        "|---:|---|" + "---:|" * len(names),
+    ]
+    for seed, (run, summary) in sorted(runs.items()):
+        lines.append(f"| {seed} | {run} | " + " | ".join(fmt(summary[m]) for m in names) + " |")
+    cells = [f"{fmt(s['mean'])} ± {fmt(s['std'])}" for s in stats.values()]
+    lines += [
+        "| mean ± std | | " + " | ".join(cells) + " |",
+        "",
+        f"Mean ± sample standard deviation (n - 1) over {len(runs)} seeds.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def read_summaries(run_dirs: Mapping[int, Path]) -> dict[int, tuple[str, dict]]:
+    runs = {}
+    for seed, folder in sorted(run_dirs.items()):
+        path = folder / "summary.json"
+        if not path.is_file():
+            raise UserError(f"no {path}: seed {seed} has not finished; rerun it first", code=1)
+        try:
+            runs[seed] = (folder.name, json.loads(path.read_text()))
+        except json.JSONDecodeError:
+            raise UserError(f"{path} is not valid JSON; rerun seed {seed}", code=1) from None
+    return runs
+
+
+def write_report(folder: Path, recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]):
+    """Writes report.md and report.json; returns the markdown."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = report_markdown(recipe, base, runs)
+    data = {
+        "recipe": recipe,
+        "base": base,
+        "seeds": sorted(runs),
+        "runs": {str(seed): {"run": run, "summary": s} for seed, (run, s) in sorted(runs.items())},
+        "metrics": summarize({seed: s for seed, (_, s) in runs.items()}),
+        "std": "sample (n - 1)",
+    }
+    (folder / "report.md").write_text(text)
+    (folder / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    return text
+
+
+def existing_seeds(parent: Path, base: str) -> dict[int, Path]:
+    pattern = re.compile(re.escape(base) + r"-seed(\d+)")
+    found = {}
+    for folder in parent.glob(f"{base}-seed*"):
+        match = pattern.fullmatch(folder.name)
+        if match and folder.is_dir():
+            found[int(match.group(1))] = folder
+    return found
+
+
+# ---------------------------------------------------------------- running a sweep
+
+
+def _exit_code(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc
+
+
+def run_local(reqs: list[Request], dry: bool) -> None:
+    from launch.cli import ROOT
+
+    for i, r in enumerate(reqs):
+        argv = render.local(r)
+        if dry:
+            print(render.shell_join(argv))
+            continue
+        print(f"+ {render.shell_join(argv)}", file=sys.stderr, flush=True)
+        rc = subprocess.run(argv, cwd=ROOT).returncode
+        if rc != 0:
+            base = r.run_name.rsplit("-seed", 1)[0]
+            raise UserError(
+                f"seed {i} ({r.run_name}) exited with code {rc}; the report needs every seed: "
+                f"rerun with ARGS='run.name={base} ...' to resume the sweep",
+                code=_exit_code(rc),
+            )
+
+
+def run_slurm(reqs: list[Request], folder: Path, base: str, wait: bool) -> bool:
+    from launch import slurm
+
+    jobs = slurm.submit_array(reqs, folder / "slurm", name=base)
+    for r, job in zip(reqs, jobs, strict=True):
+        print(f"submitted {job.job_id}: {r.run_name}  (log {job.paths.stdout})")
+    if not wait:
+        return False
+    for r, job in zip(reqs, jobs, strict=True):
+        try:
+            job.result()
+        except Exception as e:  # submitit re-raises the job's failure here
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{r.run_name} (job {job.job_id}) failed: {first}", code=1) from None
+    return True
+
+
+def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from launch import cli
+
+    use_slurm = args.slurm or args.target == "submit"
+    if args.report:
+        req = cli.resolve(args, env, target="report")
+        return report_only(req, args.report)
+    picked = cli._pick(args.seeds, "--seeds", env, "SEEDS") or ("SEEDS", "3")
+    seeds = cli._whole(*picked, 1, "use e.g. SEEDS=5")
+    req = cli.resolve(args, env, target="submit" if use_slurm else "local")
+    reqs = seed_requests(req, seeds)
+    base = req.run_name
+    folder = report_dir(req.src, req.run_root, req.recipe, base)
+    if cli.is_dry(args, env):
+        if use_slurm:
+            print("\n".join(render.sbatch_script(r) for r in reqs), end="")
+        else:
+            run_local(reqs, dry=True)
+        return 0
+    if use_slurm:
+        if not run_slurm(reqs, folder, base, wait=not args.no_wait):
+            print(f"when they finish: python -m launch sweep --recipe {req.recipe} --report {base}")
+            return 0
+    else:
+        run_local(reqs, dry=False)
+    runs = read_summaries({i: Path(req.src) / r.run_dir for i, r in enumerate(reqs)})
+    print(write_report(folder, req.recipe, base, runs), end="")
+    print(f"report: {folder / 'report.md'}", file=sys.stderr)
+    return 0
+
+
+def report_only(req: Request, base: str) -> int:
+    parent = Path(req.src) / req.run_root / req.recipe
+    found = existing_seeds(parent, base)
+    if not found:
+        raise UserError(f"no runs named {base}-seed<i> in {parent}; check --report and RECIPE")
+    folder = report_dir(req.src, req.run_root, req.recipe, base)
+    print(write_report(folder, req.recipe, base, read_summaries(found)), end="")
+    return 0

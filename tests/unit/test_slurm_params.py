@@ -1,0 +1,253 @@
+"""launch.slurm: submitit parameters from a request, and how a finished engine run ends a
+SLURM task (requeue on 75), checked against submitit's own job entry point."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import submitit
+from submitit.core import utils as submitit_utils
+
+from launch import render, slurm
+from launch.render import Request, Slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+FULL = Slurm(
+    partition="gpu",
+    account="acct",
+    qos="high",
+    time_min=90,
+    cpus_per_task=8,
+    mem_gb=64,
+    constraint="h100",
+    exclude="bad1",
+    setup=("module load cuda",),
+    signal_delay_s=300,
+)
+
+
+def req(**kw) -> Request:
+    base = dict(recipe="digits", run_name="RUN", python="/venv/bin/python", src="/src")
+    return Request(**{**base, **kw})
+
+
+def test_parameters_of_a_multi_node_gpu_job():
+    assert slurm.executor_parameters(req(gpus=4, nodes=2, slurm=FULL)) == {
+        "name": "RUN",
+        "nodes": 2,
+        "tasks_per_node": 4,
+        "gpus_per_node": 4,
+        "cpus_per_task": 8,
+        "mem_gb": 64,
+        "timeout_min": 90,
+        "slurm_partition": "gpu",
+        "slurm_account": "acct",
+        "slurm_qos": "high",
+        "slurm_constraint": "h100",
+        "slurm_exclude": "bad1",
+        "slurm_signal_delay_s": 300,
+        "slurm_setup": ["module load cuda", 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'],
+        "slurm_additional_parameters": {"requeue": True, "chdir": "/src"},
+    }
+
+
+def test_cpu_job_has_one_task_per_process_and_no_gpus():
+    params = slurm.executor_parameters(req(gpus=0, procs=3))
+    assert params["tasks_per_node"] == 3 and "gpus_per_node" not in params
+    for unset in ("slurm_partition", "slurm_account", "mem_gb", "cpus_per_task", "slurm_setup"):
+        assert unset not in params
+
+
+def test_engine_job_carries_the_run_name_so_a_requeue_keeps_the_run():
+    job = slurm.engine_job(req(gpus=0, overrides=("optim.lr=0.2",)))
+    assert (job.recipe, job.args) == ("digits", ["device=cpu", "run.name=RUN", "optim.lr=0.2"])
+    assert isinstance(job, submitit.helpers.Checkpointable)
+    again = job.checkpoint()  # what submitit pickles if its own handler ever runs
+    assert again.function is job and again.args == () and again.kwargs == {}
+
+
+@pytest.fixture
+def fake_slurm_bin(tmp_path, monkeypatch):
+    """srun/sbatch/scontrol stand-ins; each appends its argv to calls.txt."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls.txt"
+    for name, body in {
+        "srun": "",
+        "scontrol": "",
+        "sbatch": 'cp "$1" "$(dirname "$FAKE_CALLS")/script.sh"; echo "Submitted batch job 4242"',
+    }.items():
+        path = bindir / name
+        path.write_text(f'#!/bin/bash\necho "{name} $*" >> "$FAKE_CALLS"\n{body}\n')
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_CALLS", str(log))
+    return log
+
+
+def test_submitit_renders_the_parameters_into_its_sbatch_script(fake_slurm_bin, tmp_path):
+    r = req(gpus=4, nodes=2, slurm=FULL, src=str(tmp_path))
+    job = slurm.executor(r, tmp_path / "slurm").submit(slurm.engine_job(r))
+    assert job.job_id == "4242"
+    script = (tmp_path / "script.sh").read_text()
+    for line in (
+        "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=8",
+        "--mem=64GB", "--time=90", "--partition=gpu", "--account=acct", "--qos=high",
+        "--constraint=h100", "--exclude=bad1", "--signal=USR2@300", "--requeue",
+        f"--chdir={tmp_path}", "--job-name=RUN",
+    ):  # fmt: skip
+        assert f"#SBATCH {line}\n" in script, line
+    assert "\nmodule load cuda\n" in script
+    pickled = submitit_utils.DelayedSubmission.load(tmp_path / "slurm" / "4242_submitted.pkl")
+    assert isinstance(pickled.function, slurm.EngineJob)
+    assert pickled.function.args == render.engine_args(r)[1:]
+
+
+def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys):
+    r = req(gpus=0, src=str(tmp_path))
+    assert slurm.submit(r) == 0
+    out = capsys.readouterr().out
+    assert "submitted job 4242" in out
+    assert f"run dir: {tmp_path}/runs/digits/RUN" in out
+    assert f"{tmp_path}/runs/digits/RUN/slurm/4242_0_log.out" in out
+
+
+def test_array_of_seed_jobs_is_one_sbatch(fake_slurm_bin, tmp_path):
+    reqs = [req(gpus=0, run_name=f"B-seed{i}", src=str(tmp_path)) for i in range(3)]
+    jobs = slurm.submit_array(reqs, tmp_path / "slurm", name="B")
+    assert [j.job_id for j in jobs] == ["4242_0", "4242_1", "4242_2"]
+    assert fake_slurm_bin.read_text().count("sbatch ") == 1
+    assert "#SBATCH --array=0-2%3\n" in (tmp_path / "script.sh").read_text()
+
+
+# ---------------------------------------------------------------- ending a task
+
+
+@pytest.fixture
+def task_env(monkeypatch, fake_slurm_bin):
+    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    return fake_slurm_bin
+
+
+def job() -> slurm.EngineJob:
+    return slurm.EngineJob("digits", ["run.name=RUN"], "/src", max_requeues=3)
+
+
+def test_done_returns_zero_and_requeues_nothing(task_env):
+    assert job().finish(0) == 0
+    assert not task_env.exists()
+
+
+def test_a_failure_raises_so_submitit_records_it(task_env):
+    with pytest.raises(RuntimeError, match="exited with code 2"):
+        job().finish(2)
+    assert not task_env.exists()
+
+
+def test_preempted_rank0_requeues_and_leaves_with_75(task_env):
+    with pytest.raises(SystemExit) as stop:
+        job().finish(75)
+    assert stop.value.code == 75
+    assert task_env.read_text() == "scontrol requeue 4242\n"
+
+
+def test_preempted_array_task_requeues_its_own_task(task_env, monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "100")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    with pytest.raises(SystemExit):
+        job().finish(75)
+    assert task_env.read_text() == "scontrol requeue 100_3\n"
+
+
+def test_preempted_other_ranks_leave_without_requeueing(task_env, monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    with pytest.raises(SystemExit) as stop:
+        job().finish(75)
+    assert stop.value.code == 75 and not task_env.exists()
+
+
+def test_requeues_stop_at_the_limit(task_env, monkeypatch):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    with pytest.raises(RuntimeError, match="requeued 3 times"):
+        job().finish(75)
+    assert not task_env.exists()
+
+
+# ------------------------------------------- through submitit's own entry point (process_job)
+
+FAKE_TRAIN = """\
+import os, signal
+from pathlib import Path
+
+flag = []
+
+def main(argv):
+    Path("engine-argv.txt").write_text("\\n".join(argv))
+    if os.environ["SIGNAL_AT"] == "setup":  # before the engine's handler exists
+        os.kill(os.getpid(), signal.SIGUSR2)
+    signal.signal(signal.SIGUSR2, lambda *_: flag.append(1))  # the engine's: a flag only
+    os.kill(os.getpid(), signal.SIGUSR2)
+    Path("engine-saw-flag.txt").write_text(str(len(flag)))
+    return 75 if flag else 0
+"""
+
+
+def run_process_job(tmp_path: Path, fake_slurm_bin: Path, signal_at: str):
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "launch", checkout / "launch", ignore=shutil.ignore_patterns("__py*"))
+    (checkout / "engine").mkdir()
+    (checkout / "engine" / "__init__.py").write_text("")
+    (checkout / "engine" / "train.py").write_text(FAKE_TRAIN)
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    delayed = submitit_utils.DelayedSubmission(
+        slurm.EngineJob("digits", ["run.name=RUN"], str(checkout), max_requeues=3)
+    )
+    delayed.set_timeout(60, 3)
+    delayed.dump(folder / "4242_submitted.pkl")
+    env = {
+        **os.environ,
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_LOCALID": "0",
+        "SIGNAL_AT": signal_at,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "submitit.core._submit", str(folder)],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return checkout, folder, done
+
+
+def test_engine_handler_runs_and_launch_requeues_through_process_job(tmp_path, fake_slurm_bin):
+    checkout, folder, done = run_process_job(tmp_path, fake_slurm_bin, "training")
+    assert done.returncode == 75, done.stderr
+    assert (checkout / "engine-argv.txt").read_text() == "digits\nrun.name=RUN"
+    assert (checkout / "engine-saw-flag.txt").read_text() == "1"
+    assert fake_slurm_bin.read_text() == "scontrol requeue 4242\n"
+    assert "Caught signal" not in done.stderr  # submitit's handler never ran
+    assert not list(folder.glob("*_result.pkl"))  # the job is not over for submitit
+
+
+def test_a_signal_before_the_engine_handler_meets_submitit_which_requeues_the_same_call(
+    tmp_path, fake_slurm_bin
+):
+    checkout, folder, done = run_process_job(tmp_path, fake_slurm_bin, "setup")
+    assert done.returncode != 0 and "Caught signal SIGUSR2" in done.stderr
+    assert fake_slurm_bin.read_text() == "scontrol requeue 4242\n"
+    assert not (checkout / "engine-saw-flag.txt").exists()
+    again = submitit_utils.DelayedSubmission.load(folder / "4242_submitted.pkl")
+    assert isinstance(again.function, slurm.EngineJob)
+    assert (again.function.recipe, again.function.args) == ("digits", ["run.name=RUN"])
