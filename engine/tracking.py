@@ -8,6 +8,7 @@ import json
 import netrc
 import os
 import platform
+import secrets
 import socket
 import subprocess
 import sys
@@ -110,7 +111,7 @@ class Tracker:
         import wandb
 
         id_file = self.run_dir / "wandb-id.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
         run = wandb.init(
             project=cfg.project,

@@ -437,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe_name, overrides, spawn = parse_argv(argv)
         cfg, recipe = load_config(recipe_name, overrides)
-        D.read_env()  # a half-set environment is a user error too
+        denv = D.read_env()  # a half-set environment is a user error too
+        preflight(cfg, spawn if spawn > 1 else denv.world_size)
         if spawn > 1:
             from engine.spawn import spawn_local
 
@@ -445,8 +446,17 @@ def main(argv: list[str] | None = None) -> int:
         preempt.install_handlers()
         return train(cfg, recipe)
     except C.ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+            print(f"error: {err}", file=sys.stderr)  # every rank fails alike; one says why
         return 2
+
+
+def preflight(cfg: C.Config, world_size: int) -> None:
+    """Checks that need the world size, done once before any process starts or writes."""
+    plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, world_size)
+    if cfg.device == "cpu":
+        amp_dtype(cfg.train.amp, torch.device("cpu"))
+    wandb_mode(cfg.log)
 
 
 if __name__ == "__main__":

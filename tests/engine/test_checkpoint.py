@@ -1,0 +1,80 @@
+import pytest
+import torch
+from torch import nn
+
+from engine import checkpoint as ckpt
+from engine.config import ConfigError
+from recipes.digits.model import ModelConfig, build_model
+
+
+def small_model(seed=0):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(width=8))
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])
+def test_prefixed_state_dicts_load_into_the_bare_model(prefix):
+    source = small_model(1)
+    saved = {prefix + k: v for k, v in source.state_dict().items()}
+    target = small_model(2)
+    ckpt.load_model_state(target, saved)
+    assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), source.state_dict().values()))
+
+
+def test_dataparallel_checkpoint_loads_into_bare_model(tmp_path):
+    wrapped = nn.DataParallel(small_model(3))  # writes `module.` keys, like DDP
+    assert next(iter(wrapped.state_dict())).startswith("module.")
+    torch.save({"model": wrapped.state_dict()}, tmp_path / "dp.pt")
+    bare = small_model(4)
+    ckpt.load_model_state(bare, ckpt.load(tmp_path / "dp.pt")["model"])
+    assert all(torch.equal(a, b) for a, b in zip(bare.state_dict().values(), wrapped.module.state_dict().values()))
+
+
+def test_unwrap_finds_the_bare_model():
+    bare = small_model()
+    assert ckpt.unwrap(nn.DataParallel(bare)) is bare
+    compiled = torch.compile(bare)
+    assert ckpt.unwrap(compiled) is bare
+
+
+def test_atomic_save_leaves_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "step-00000001.pt"
+    ckpt.atomic_save({"x": torch.ones(2)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        ckpt.atomic_save({"x": Unpicklable()}, path)
+    assert torch.equal(ckpt.load(path)["x"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left over
+
+
+def test_latest_valid_skips_a_torn_checkpoint(tmp_path, capsys):
+    for step in (10, 20):
+        ckpt.atomic_save({"step": step}, ckpt.checkpoint_path(tmp_path, step))
+    newest = ckpt.checkpoint_path(tmp_path, 30)
+    ckpt.atomic_save({"step": 30, "w": torch.zeros(1000)}, newest)
+    newest.write_bytes(newest.read_bytes()[:100])  # torn, as by a crash mid-write elsewhere
+    path, state = ckpt.latest_valid(tmp_path)
+    assert state["step"] == 20 and path.name == "step-00000020.pt"
+    assert "skipping unreadable checkpoint" in capsys.readouterr().out
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    for step in (5, 10, 100, 20):
+        ckpt.atomic_save({}, ckpt.checkpoint_path(tmp_path, step))
+    ckpt.prune(tmp_path, 2)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000100.pt", "step-00000020.pt"]
+
+
+def test_weights_only_refuses_arbitrary_objects(tmp_path):
+    torch.save({"obj": ConfigError("x")}, tmp_path / "evil.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        ckpt.load(tmp_path / "evil.pt")
+
+
+def test_missing_resume_path_is_a_user_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        ckpt.load(tmp_path / "nope.pt")

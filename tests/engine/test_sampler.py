@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from engine.config import ConfigError
+from engine.sampler import GlobalBatchSampler, epoch_permutation, eval_shard, plan_batches
+
+
+def global_batches(n, batch, world, micro, seed, epoch, start=0):
+    """What all ranks together visit, grouped by optimizer step."""
+    plan = plan_batches(batch, micro, world)
+    per_rank = []
+    for rank in range(world):
+        s = GlobalBatchSampler(n, plan, rank, seed)
+        s.set_epoch(epoch, start)
+        micro_batches = [[i for i, _ in mb] for mb in s]
+        per_rank.append([sum(micro_batches[k : k + plan.accum_steps], [])
+                         for k in range(0, len(micro_batches), plan.accum_steps)])
+    return [sorted(sum(step, [])) for step in zip(*per_rank, strict=True)]
+
+
+def test_order_is_a_function_of_seed_and_epoch_only():
+    assert torch.equal(epoch_permutation(3, 1, 100), epoch_permutation(3, 1, 100))
+    assert not torch.equal(epoch_permutation(3, 1, 100), epoch_permutation(3, 2, 100))
+    assert not torch.equal(epoch_permutation(3, 1, 100), epoch_permutation(4, 1, 100))
+
+
+@pytest.mark.parametrize("world, micro", [(1, 16), (2, 16), (4, 8), (1, 4), (8, 2)])
+def test_same_samples_per_optimizer_step_for_any_world_size(world, micro):
+    reference = global_batches(100, 32, 1, 32, seed=7, epoch=2)
+    assert global_batches(100, 32, world, micro, seed=7, epoch=2) == reference
+    assert len(reference) == 3  # 100 // 32; the incomplete batch is dropped
+
+
+def test_resume_position_skips_exactly_the_consumed_steps():
+    full = global_batches(100, 16, 2, 8, seed=1, epoch=0)
+    assert global_batches(100, 16, 4, 2, seed=1, epoch=0, start=48) == full[3:]
+
+
+def test_sample_seeds_depend_on_seed_epoch_and_index_not_rank():
+    plan1, plan2 = plan_batches(8, None, 1), plan_batches(8, None, 2)
+    one = {i: s for mb in GlobalBatchSampler(8, plan1, 0, 5) for i, s in mb}
+    two = {i: s for r in range(2) for mb in GlobalBatchSampler(8, plan2, r, 5) for i, s in mb}
+    assert one == two and len(set(one.values())) == 8
+
+
+@pytest.mark.parametrize(
+    "batch, micro, world, message",
+    [(30, None, 4, "does not divide over 4"), (32, 5, 2, "not a multiple of train.micro_batch_size=5")],
+)
+def test_batch_plan_errors(batch, micro, world, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_batches(batch, micro, world)
+
+
+def test_accumulation_steps():
+    assert plan_batches(256, 16, 4).accum_steps == 4
+    assert plan_batches(64, None, 2).accum_steps == 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 359, 360])
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_eval_shards_cover_each_sample_once(n, world):
+    seen = [i for r in range(world) for i in eval_shard(n, r, world)]
+    assert seen == list(range(n))

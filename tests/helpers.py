@@ -1,0 +1,89 @@
+"""Shared by the tests: run the engine in a real process and read what it left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+QUIET = ["log.wandb=off", "log.progress=plain", "device=cpu"]
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """The environment a user's shell would give: no rank variables, no W&B credentials."""
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WANDB_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+    return env | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"} | extra
+
+
+def run_engine(root: Path, name: str, *overrides: str, prefix=None, check=True, timeout=300,
+               env=None):
+    cmd = prefix or [sys.executable, "-m", "engine.train"]
+    args = [*cmd, "digits", *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
+    out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                         env=env or engine_env())
+    if check and out.returncode != 0:
+        raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr[-4000:]}")
+    return out
+
+
+def run_dir(root: Path, name: str) -> Path:
+    return root / "digits" / name
+
+
+def final_weights(root: Path, name: str) -> dict[str, torch.Tensor]:
+    folder = run_dir(root, name) / "checkpoints"
+    newest = max(folder.glob("step-*.pt"))
+    return torch.load(newest, map_location="cpu", weights_only=True)["model"]
+
+
+def records(root: Path, name: str, kind: str) -> list[dict]:
+    lines = (run_dir(root, name) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
+    """Parse an offline W&B transaction log (LevelDB-style log of protobuf Records) without
+    the W&B service: the run id and every history row, values decoded from JSON."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", "not a W&B transaction log"
+    payloads, pending, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # block trailer
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST
+            payloads.append(pending)
+    run_id, rows = "", []
+    for payload in payloads:
+        rec = pb.Record()
+        rec.ParseFromString(payload)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            run_id = rec.run.run_id
+        elif kind == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                         for i in rec.history.item})
+    return run_id, rows
