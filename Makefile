@@ -59,7 +59,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check $(or $(LINT_PY),.)
 	$(PY) -m ruff format --check $(or $(LINT_PY),.)
 	$(VENV)/bin/hadolint --no-color $(or $(LINT_DOCKERFILES),Dockerfile)
-	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows $(or $(LINT_WORKFLOWS),$(wildcard .github/workflows/*.yml))
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows $(or $(LINT_WORKFLOWS),$(wildcard .github/workflows/*.yml .github/workflows/*.yaml))
 
 # Resolve the Dockerfile's BASE_IMAGE digest and record it as its `ARG BASE_DIGEST` default
 # (needs docker and registry access; elsewhere it fails with a one-line message).

@@ -23,7 +23,7 @@ CLEAN_PY = (
 
 
 def workflows() -> list[Path]:
-    found = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    found = sorted((ROOT / ".github" / "workflows").glob("*.y*ml"))
     assert found, "no GitHub workflow in .github/workflows"
     return found
 
