@@ -203,7 +203,9 @@ def build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
     kwargs = {}
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(f"unknown config key '{name}.{key}'{_closest(key, known, name + '.')}")
+            raise ConfigError(
+                f"unknown config key '{name}.{key}'{_closest(key, known, name + '.')}"
+            )
         kwargs[key] = _check_type(f"{name}.{key}", value, hints[key])
     return cls(**kwargs)
 

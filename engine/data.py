@@ -63,7 +63,11 @@ def train_loader(
 
 
 def eval_loader(
-    dataset: Dataset, batch_size: int, rank: int, world_size: int, cfg: LoaderConfig,
+    dataset: Dataset,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    cfg: LoaderConfig,
     device: torch.device,
 ) -> DataLoader:
     shard = Subset(dataset, eval_shard(len(dataset), rank, world_size))

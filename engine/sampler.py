@@ -83,7 +83,10 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
             mine = first + self.rank * plan.per_rank
             for j in range(plan.accum_steps):
                 lo = mine + j * plan.micro_batch
-                yield [(i, derive_seed(self.seed, self.epoch, i)) for i in perm[lo : lo + plan.micro_batch]]
+                yield [
+                    (i, derive_seed(self.seed, self.epoch, i))
+                    for i in perm[lo : lo + plan.micro_batch]
+                ]
 
 
 def eval_shard(n: int, rank: int, world_size: int) -> range:

@@ -19,8 +19,12 @@ def free_port() -> int:
 
 def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int) -> None:
     os.environ.update(
-        RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
     )
     torch.set_num_threads(threads)
     from engine.train import main
@@ -32,7 +36,11 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
 
 def spawn_local(n: int, recipe: str, overrides: list[str], run_name: str) -> int:
     """The parent picks the run name and port so every child agrees on them."""
-    argv = [recipe, *[o for o in overrides if not o.startswith("run.name=")], f"run.name={run_name}"]
+    argv = [
+        recipe,
+        *[o for o in overrides if not o.startswith("run.name=")],
+        f"run.name={run_name}",
+    ]
     threads = max(1, (os.cpu_count() or 1) // n)
     ctx = mp.start_processes(
         _child, args=(n, free_port(), argv, threads), nprocs=n, join=False, start_method="spawn"

@@ -20,7 +20,12 @@ import torch
 
 from engine.config import ConfigError, LogConfig
 
-PROVENANCE_VARS = ("RECIPES_IMAGE", "RECIPES_IMAGE_DIGEST", "RECIPES_GIT_SHA", "RECIPES_LOCK_SHA256")
+PROVENANCE_VARS = (
+    "RECIPES_IMAGE",
+    "RECIPES_IMAGE_DIGEST",
+    "RECIPES_GIT_SHA",
+    "RECIPES_LOCK_SHA256",
+)
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import socket
 import sys
@@ -22,7 +21,8 @@ from torch import nn
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
-from engine import preempt, recipe as R
+from engine import preempt
+from engine import recipe as R
 from engine.data import eval_loader, train_loader
 from engine.optim import build_optimizer, build_scheduler
 from engine.sampler import GlobalBatchSampler, plan_batches
@@ -157,8 +157,23 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         env = environment(denv.world_size, hosts, device)
         (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     return Run(
-        cfg, denv, device, run_dir, wrapped, model, optimizer, scheduler, scaler, sampler,
-        train_data, eval_data, recipe.loss or F.cross_entropy, total, dtype, tracker, state,
+        cfg,
+        denv,
+        device,
+        run_dir,
+        wrapped,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        sampler,
+        train_data,
+        eval_data,
+        recipe.loss or F.cross_entropy,
+        total,
+        dtype,
+        tracker,
+        state,
     )
 
 
@@ -208,8 +223,12 @@ def evaluate(run: Run) -> dict:
     was_training = model.training
     model.eval()
     loader = eval_loader(
-        run.eval_data, run.cfg.eval.batch_size, run.denv.rank, run.denv.world_size,
-        run.cfg.loader, device,
+        run.eval_data,
+        run.cfg.eval.batch_size,
+        run.denv.rank,
+        run.denv.world_size,
+        run.cfg.loader,
+        device,
     )
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
     for x, y in loader:
@@ -225,7 +244,12 @@ def evaluate(run: Run) -> dict:
     if int(count) != len(run.eval_data):
         raise RuntimeError(f"evaluated {int(count)} samples, expected {len(run.eval_data)}")
     model.train(was_training)
-    return {"loss": loss_sum / count, "top1": top1 / count, "top5": top5 / count, "count": int(count)}
+    return {
+        "loss": loss_sum / count,
+        "top1": top1 / count,
+        "top5": top5 / count,
+        "count": int(count),
+    }
 
 
 # ---------------------------------------------------------------- the loop
@@ -251,7 +275,11 @@ def train_step(run: Run, micro_batches: list) -> torch.Tensor:
     for j, (x, y, _) in enumerate(micro_batches):
         x, y = to_device(x, y, run)
         last = j == accum - 1
-        sync = contextlib.nullcontext() if last or not hasattr(run.model, "no_sync") else run.model.no_sync()
+        sync = (
+            contextlib.nullcontext()
+            if last or not hasattr(run.model, "no_sync")
+            else run.model.no_sync()
+        )
         with sync:
             with autocast(run):
                 loss = run.loss_fn(run.model(x), y) / accum
@@ -285,8 +313,12 @@ class Meter:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         st = run.state
         rec = {
-            "kind": "train", "step": st.step, "epoch": st.epoch, "loss": loss / self.steps,
-            "lr": run.optimizer.param_groups[0]["lr"], "samples_per_s": self.samples / elapsed,
+            "kind": "train",
+            "step": st.step,
+            "epoch": st.epoch,
+            "loss": loss / self.steps,
+            "lr": run.optimizer.param_groups[0]["lr"],
+            "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,
         }
         self.reset()
@@ -317,7 +349,9 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
         progress.update(st.step, record)
         reason = stop_reason(run)
         end_of_epoch = st.position >= steps_in_epoch * plan.global_batch
-        if reason or (cfg.ckpt.every_steps and st.step % cfg.ckpt.every_steps == 0 and not end_of_epoch):
+        if reason or (
+            cfg.ckpt.every_steps and st.step % cfg.ckpt.every_steps == 0 and not end_of_epoch
+        ):
             save_checkpoint(run)
         if reason:
             return reason
@@ -404,17 +438,26 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
 def finish(run: Run, reason: str | None, seconds: float) -> None:
     st = run.state
     if reason:
-        log(f"stopped at step {st.step} ({reason}); checkpoint saved. Resume: rerun with "
-            f"run.name={run.cfg.run.name}")
+        log(
+            f"stopped at step {st.step} ({reason}); checkpoint saved. Resume: rerun with "
+            f"run.name={run.cfg.run.name}"
+        )
         return
     ev = st.last_eval
     summary = {
-        "top1": ev["top1"], "top5": ev["top5"], "eval_loss": ev["loss"], "seconds": seconds,
-        "steps": st.step, "epochs": st.epoch, "world_size": run.denv.world_size,
+        "top1": ev["top1"],
+        "top5": ev["top5"],
+        "eval_loss": ev["loss"],
+        "seconds": seconds,
+        "steps": st.step,
+        "epochs": st.epoch,
+        "world_size": run.denv.world_size,
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log(f"{run.cfg.recipe}: top1 {100 * ev['top1']:.2f}% top5 {100 * ev['top5']:.2f}% "
-        f"in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}")
+    log(
+        f"{run.cfg.recipe}: top1 {100 * ev['top1']:.2f}% top5 {100 * ev['top5']:.2f}% "
+        f"in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}"
+    )
 
 
 def parse_argv(argv: list[str]) -> tuple[str, list[str], int]:
@@ -442,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
         if spawn > 1:
             from engine.spawn import spawn_local
 
-            return spawn_local(spawn, recipe_name, overrides, cfg.run.name or new_run_name(recipe_name))
+            return spawn_local(
+                spawn, recipe_name, overrides, cfg.run.name or new_run_name(recipe_name)
+            )
         preempt.install_handlers()
         return train(cfg, recipe)
     except C.ConfigError as err:

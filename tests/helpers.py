@@ -22,12 +22,14 @@ def engine_env(**extra: str) -> dict[str, str]:
     return env | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"} | extra
 
 
-def run_engine(root: Path, name: str, *overrides: str, prefix=None, check=True, timeout=300,
-               env=None):
+def run_engine(
+    root: Path, name: str, *overrides: str, prefix=None, check=True, timeout=300, env=None
+):
     cmd = prefix or [sys.executable, "-m", "engine.train"]
     args = [*cmd, "digits", *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
-    out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                         env=env or engine_env())
+    out = subprocess.run(
+        args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or engine_env()
+    )
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr[-4000:]}")
     return out
@@ -84,6 +86,10 @@ def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
         if kind == "run":
             run_id = rec.run.run_id
         elif kind == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                         for i in rec.history.item})
+            rows.append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in rec.history.item
+                }
+            )
     return run_id, rows

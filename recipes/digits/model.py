@@ -23,7 +23,11 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 def _block(c_in: int, c_out: int, norm: str) -> list[nn.Module]:
-    return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"), _norm(norm, c_out), nn.ReLU()]
+    return [
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"),
+        _norm(norm, c_out),
+        nn.ReLU(),
+    ]
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

@@ -12,13 +12,18 @@ def small_model(seed=0):
     return build_model(ModelConfig(width=8))
 
 
-@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])
+@pytest.mark.parametrize(
+    "prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."]
+)
 def test_prefixed_state_dicts_load_into_the_bare_model(prefix):
     source = small_model(1)
     saved = {prefix + k: v for k, v in source.state_dict().items()}
     target = small_model(2)
     ckpt.load_model_state(target, saved)
-    assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), source.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(target.state_dict().values(), source.state_dict().values(), strict=True)
+    )
 
 
 def test_dataparallel_checkpoint_loads_into_bare_model(tmp_path):
@@ -27,7 +32,12 @@ def test_dataparallel_checkpoint_loads_into_bare_model(tmp_path):
     torch.save({"model": wrapped.state_dict()}, tmp_path / "dp.pt")
     bare = small_model(4)
     ckpt.load_model_state(bare, ckpt.load(tmp_path / "dp.pt")["model"])
-    assert all(torch.equal(a, b) for a, b in zip(bare.state_dict().values(), wrapped.module.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            bare.state_dict().values(), wrapped.module.state_dict().values(), strict=True
+        )
+    )
 
 
 def test_unwrap_finds_the_bare_model():
@@ -66,7 +76,10 @@ def test_prune_keeps_the_newest(tmp_path):
     for step in (5, 10, 100, 20):
         ckpt.atomic_save({}, ckpt.checkpoint_path(tmp_path, step))
     ckpt.prune(tmp_path, 2)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000100.pt", "step-00000020.pt"]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+        "step-00000100.pt",
+        "step-00000020.pt",
+    ]
 
 
 def test_weights_only_refuses_arbitrary_objects(tmp_path):

@@ -44,7 +44,9 @@ def test_bad_overrides_name_the_problem(override, message):
 def test_resolved_config_is_itself_a_valid_config():
     cfg, recipe = load_config("digits", ["optim.lr=0.3", "log.wandb=off", "slurm.setup=[a, b]"])
     saved = yaml.safe_load(C.dump(cfg))
-    again = C.resolve("digits", saved, [], {"model": recipe.model_config, "data": recipe.data_config})
+    again = C.resolve(
+        "digits", saved, [], {"model": recipe.model_config, "data": recipe.data_config}
+    )
     assert again.to_dict() == cfg.to_dict()
 
 
@@ -61,7 +63,9 @@ def test_resolved_config_is_itself_a_valid_config():
 )
 def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, args, expected):
     cmd = [sys.executable, "-m", "engine.train", *args, f"run.root={tmp_path}", "log.wandb=off"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=engine_env(), timeout=120)
+    out = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, env=engine_env(), timeout=120
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], out.stderr

@@ -4,10 +4,21 @@ from engine.config import ConfigError
 from engine.distributed import expand_nodelist, read_env, slurm_port
 from engine.seeding import derive_seed
 
-TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "29400"}
+TORCHRUN = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "4",
+    "MASTER_ADDR": "h0",
+    "MASTER_PORT": "29400",
+}
 SRUN = {
-    "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
-    "SLURM_STEP_NUM_TASKS": "6", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_JOB_ID": "123456",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "8",
+    "SLURM_STEP_NUM_TASKS": "6",
+    "SLURM_JOB_NODELIST": "gpu[07-09]",
+    "SLURM_JOB_ID": "123456",
 }
 
 
@@ -18,7 +29,13 @@ def test_single_process():
 
 def test_torchrun():
     env = read_env(TORCHRUN)
-    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port) == (3, 1, 4, "h0", 29400)
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port) == (
+        3,
+        1,
+        4,
+        "h0",
+        29400,
+    )
 
 
 @pytest.mark.parametrize("drop", sorted(TORCHRUN))
@@ -47,9 +64,12 @@ def test_incomplete_srun_env():
 
 @pytest.mark.parametrize(
     "nodelist, hosts",
-    [("node1", ["node1"]), ("node[1-2]", ["node1", "node2"]),
-     ("gpu[01-03,7],cpu5", ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]),
-     ("a[098-100]", ["a098", "a099", "a100"])],
+    [
+        ("node1", ["node1"]),
+        ("node[1-2]", ["node1", "node2"]),
+        ("gpu[01-03,7],cpu5", ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]),
+        ("a[098-100]", ["a098", "a099", "a100"]),
+    ],
 )
 def test_expand_nodelist(nodelist, hosts):
     assert expand_nodelist(nodelist) == hosts

@@ -13,8 +13,12 @@ def global_batches(n, batch, world, micro, seed, epoch, start=0):
         s = GlobalBatchSampler(n, plan, rank, seed)
         s.set_epoch(epoch, start)
         micro_batches = [[i for i, _ in mb] for mb in s]
-        per_rank.append([sum(micro_batches[k : k + plan.accum_steps], [])
-                         for k in range(0, len(micro_batches), plan.accum_steps)])
+        per_rank.append(
+            [
+                sum(micro_batches[k : k + plan.accum_steps], [])
+                for k in range(0, len(micro_batches), plan.accum_steps)
+            ]
+        )
     return [sorted(sum(step, [])) for step in zip(*per_rank, strict=True)]
 
 
@@ -45,7 +49,10 @@ def test_sample_seeds_depend_on_seed_epoch_and_index_not_rank():
 
 @pytest.mark.parametrize(
     "batch, micro, world, message",
-    [(30, None, 4, "does not divide over 4"), (32, 5, 2, "not a multiple of train.micro_batch_size=5")],
+    [
+        (30, None, 4, "does not divide over 4"),
+        (32, 5, 2, "not a multiple of train.micro_batch_size=5"),
+    ],
 )
 def test_batch_plan_errors(batch, micro, world, message):
     with pytest.raises(ConfigError, match=message):
