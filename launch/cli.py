@@ -7,6 +7,7 @@ one line on stderr that names the problem and the fix, and exit code 2.
 Environment (all optional):
   RECIPE (digits)  GPUS (1 if a GPU is visible, else 0)  NODES (1)  PROCS (1)  ARGS
   IMAGE (recipes:<git short sha>)  SIF (recipes.sif)  DRY_RUN (1: print, don't run)  SEEDS (3)
+  TARGET (local; train: local|docker|pyxis|apptainer, sweep: local|submit)
   RDZV_ENDPOINT (HOST:PORT of the first node; required when NODES > 1 outside SLURM)
   RECIPES_DATA (data root on the host, ./data; /data inside containers)
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
@@ -355,12 +356,17 @@ def render_target(req: Request, target: str) -> list[str] | str:
     return render.TARGETS[target](req)
 
 
+def pick_target(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
+    return _pick(args.target, "--target", env, "TARGET") or ("TARGET", "local")
+
+
 def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     target = {"docker-train": "docker", "image": "image", "sif": "sif"}.get(args.command)
-    target = target or args.target or "local"
-    allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
-    if target not in allowed and args.command in ("train", "dry-run", "render"):
-        raise UserError(f"--target {target!r} is not one of {', '.join(allowed)}")
+    if target is None:
+        label, target = pick_target(args, env)
+        allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
+        if target not in allowed:
+            raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
     req = resolve(args, env, target=target)
     try:
         out = render_target(req, target)

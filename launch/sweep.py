@@ -3,7 +3,7 @@ with mean ± sample standard deviation.
 
 Seed i runs as `seed=i run.name=<base>-seed<i>`; the report lands in
 `<run root>/<recipe>/<base>-sweep/report.md` and `report.json`. Locally the runs go one after
-the other; with --slurm (or `python -m launch sweep --target submit`) they are one job array.
+the other; with --slurm (or --target submit, TARGET=submit) they are one job array.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def run_slurm(reqs: list[Request], folder: Path, base: str, wait: bool) -> bool:
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from launch import cli
 
-    use_slurm = args.slurm or args.target == "submit"
+    use_slurm = args.slurm or cli.pick_target(args, env)[1] == "submit"
     if args.report:
         req = cli.resolve(args, env, target="report")
         return report_only(req, args.report)

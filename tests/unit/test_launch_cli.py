@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUEST_VARS = (
-    "RECIPE GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS RDZV_ENDPOINT RECIPES_DATA RECIPES_DIR "
+    "RECIPE GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS TARGET RDZV_ENDPOINT RECIPES_DATA RECIPES_DIR "
     "PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S "
     "MAX_REQUEUES MAKEFLAGS MAKELEVEL MFLAGS"
 ).split()
@@ -122,6 +122,16 @@ def test_render_targets_print_one_command(recipes):
         assert shlex.split(one_line(done.stdout))[0] == first, done.stderr
 
 
+def test_target_from_the_environment_and_the_flag_over_it(recipes):
+    done = launch("train", DRY_RUN="1", GPUS="0", TARGET="apptainer", RECIPES_DIR=str(recipes))
+    assert shlex.split(one_line(done.stdout))[:2] == ["apptainer", "exec"]
+    done = launch(
+        "train", "--target", "local", DRY_RUN="1", GPUS="0", TARGET="docker",
+        RECIPES_DIR=str(recipes),
+    )  # fmt: skip
+    assert shlex.split(one_line(done.stdout))[0] == sys.executable
+
+
 def test_docker_train_default_image_is_the_git_short_sha(recipes):
     sha = subprocess.run(
         ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -185,7 +195,8 @@ BAD = {
     "bad run name": ({"ARGS": "run.name=a/b"}, [], "run.name='a/b'"),
     "multi-node needs rendezvous": ({"NODES": "2", "GPUS": "1"}, [], "RDZV_ENDPOINT=HOST:PORT"),
     "bad endpoint": ({"RDZV_ENDPOINT": "nohost"}, [], "is not HOST:PORT"),
-    "bad target": ({}, ["--target", "k8s"], "--target 'k8s' is not one of"),
+    "bad target": ({}, ["--target", "k8s"], "--target='k8s' is not one of"),
+    "bad target env": ({"TARGET": "x86_64"}, [], "TARGET='x86_64' is not one of local"),
     "bad command": ({}, [], "invalid choice"),
     "bad slurm int": ({"TIME_MIN": "soon"}, [], "TIME_MIN='soon'"),
     "line break": ({"PARTITION": "a\nb"}, [], "PARTITION cannot contain a line break"),

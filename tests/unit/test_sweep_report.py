@@ -128,7 +128,7 @@ def checkout(tmp_path):
 
 
 def launch_sweep(checkout: Path, *args, **env) -> subprocess.CompletedProcess:
-    drop = {"RECIPE", "ARGS", "SEEDS", "DRY_RUN", "GPUS", "PROCS", "NODES", "RECIPES_DIR"}
+    drop = {"RECIPE", "ARGS", "SEEDS", "DRY_RUN", "GPUS", "PROCS", "NODES", "RECIPES_DIR", "TARGET"}
     full = {k: v for k, v in os.environ.items() if k not in drop} | {"GPUS": "0"} | env
     return subprocess.run(
         [sys.executable, "-m", "launch", "sweep", *args],
@@ -158,6 +158,13 @@ def test_sweep_dry_run_prints_one_command_per_seed(checkout):
     assert len(lines) == 2
     assert lines[1].endswith("engine.train digits device=cpu run.name=b-seed1 seed=1")
     assert not (checkout / "runs").exists()
+
+
+def test_slurm_sweep_dry_run_prints_one_batch_script_per_seed(checkout):
+    done = launch_sweep(checkout, DRY_RUN="1", SEEDS="2", TARGET="submit", ARGS="run.name=b")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("#!/bin/bash\n") == 2
+    assert "run.name=b-seed0 seed=0\n" in done.stdout and "run.name=b-seed1 seed=1\n" in done.stdout
 
 
 def test_a_failing_seed_stops_the_sweep_with_its_code(checkout):
