@@ -101,6 +101,14 @@ class DistConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Deliberate failures, for fault tests and for rehearsing what a crash looks like."""
+
+    raise_at_step: int = 0  # > 0: raise an error after this optimizer step
+    rank: int = 0  # on this global rank only
+
+
+@dataclass
 class SlurmConfig:
     """Read by launch/ when submitting; validated here like every other section."""
 
@@ -127,6 +135,7 @@ ENGINE_SECTIONS: dict[str, type] = {
     "log": LogConfig,
     "dist": DistConfig,
     "slurm": SlurmConfig,
+    "fault": FaultConfig,
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -98,6 +99,11 @@ def _read_slurm(env: Mapping[str, str]) -> DistEnv:
         master_port=int(env.get("MASTER_PORT") or slurm_port(env["SLURM_JOB_ID"])),
         source="slurm",
     )
+
+
+def host_name() -> str:
+    """This node's name: SLURM's for a task (several slurmd may share one machine), else the OS's."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def pick_device(requested: str, denv: DistEnv) -> torch.device:

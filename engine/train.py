@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -100,6 +99,8 @@ def wrap_model(model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.d
         return nn.DataParallel(model)
     if strategy == "ddp":
         if dcfg.sync_bn:
+            if device.type != "cuda":
+                raise C.ConfigError("dist.sync_bn needs CUDA devices (no CPU kernel); unset it")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return nn.parallel.DistributedDataParallel(
             model,
@@ -152,7 +153,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(C.dump(cfg))
         tracker = Tracker(run_dir, cfg.log, mode, cfg.to_dict(), state.step)
-    hosts = D.gather_objects(socket.gethostname())
+    hosts = D.gather_objects(D.host_name())
     if denv.is_main:
         env = environment(denv.world_size, hosts, device)
         (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
@@ -358,7 +359,18 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
     return None
 
 
+class InjectedFault(RuntimeError):
+    pass
+
+
 def stop_reason(run: Run) -> str | None:
+    fault = run.cfg.fault
+    if (
+        fault.raise_at_step
+        and fault.raise_at_step == run.state.step
+        and run.denv.rank == fault.rank
+    ):
+        raise InjectedFault(f"injected fault at step {run.state.step} on rank {run.denv.rank}")
     stop_at = run.cfg.train.stop_at_step
     if stop_at and run.state.step == stop_at and run.state.step < run.total_steps:
         return "stop_at_step"

@@ -1,0 +1,172 @@
+"""Real multi-process training with gloo on CPU: torchrun, two torchrun agents as two nodes,
+and the engine's own process spawning."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import (
+    QUIET,
+    REPO,
+    engine_env,
+    final_weights,
+    max_difference,
+    records,
+    run_dir,
+    run_engine,
+    same_weights,
+)
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# GroupNorm has no batch statistics, so splitting a batch over processes changes nothing.
+INVARIANT = ["model.norm=group", "train.max_steps=30", "log.sample_ids=true", "ckpt.every_steps=5"]
+TOLERANCE = 1e-5  # float rounding from summing gradients in another order
+
+
+def torchrun(n: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        "-m",
+        "engine.train",
+    ]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def two_procs(root):
+    run_engine(root, "two", *INVARIANT, prefix=torchrun(2))
+    return final_weights(root, "two")
+
+
+def sample_ids(root, name):
+    lines = (run_dir(root, name) / "samples.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_one_process_with_accumulation_equals_two_processes(root, two_procs):
+    run_engine(root, "one", *INVARIANT, "train.micro_batch_size=32")  # 2 accumulation steps
+    assert sample_ids(root, "one") == sample_ids(root, "two")
+    assert len(sample_ids(root, "one")) == 30
+    assert max_difference(final_weights(root, "one"), two_procs) < TOLERANCE
+    assert json.loads((run_dir(root, "two") / "env.json").read_text())["world_size"] == 2
+
+
+def test_spawned_processes_train_exactly_like_torchrun(root, two_procs):
+    run_engine(
+        root, "spawned", *INVARIANT, prefix=[sys.executable, "-m", "engine.train", "--spawn", "2"]
+    )
+    assert same_weights(final_weights(root, "spawned"), two_procs)
+
+
+def test_two_process_checkpoint_resumes_on_two_bitwise_and_on_one(root, two_procs):
+    for name in ("resume2", "resume1"):
+        out = run_engine(root, name, *INVARIANT, "train.stop_at_step=17", prefix=torchrun(2))
+        assert "stopped at step 17" in out.stderr
+    run_engine(root, "resume2", *INVARIANT, prefix=torchrun(2))
+    assert same_weights(final_weights(root, "resume2"), two_procs)
+    out = run_engine(root, "resume1", *INVARIANT)
+    assert "resuming from" in out.stderr
+    assert sample_ids(root, "resume1") == sample_ids(root, "two")  # same samples, same steps
+    assert max_difference(final_weights(root, "resume1"), two_procs) < TOLERANCE
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_evaluation_sees_each_sample_exactly_once(tmp_path, world):
+    run_engine(
+        tmp_path,
+        "eval",
+        "train.max_steps=2",
+        "train.batch_size=48",
+        "eval.batch_size=50",
+        prefix=torchrun(world),
+    )
+    (record,) = records(tmp_path, "eval", "eval")
+    assert record["count"] == 359  # the held-out split, once, whatever the world size
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_agents_as_two_nodes_form_one_job(tmp_path):
+    agent = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        "--rdzv_id=two-nodes",
+        "-m",
+        "engine.train",
+        "digits",
+        *QUIET,
+        f"run.root={tmp_path}",
+        "run.name=nodes",
+        "train.max_steps=25",
+    ]
+    procs = [
+        subprocess.Popen(
+            agent,
+            cwd=REPO,
+            env=engine_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    summary = json.loads((run_dir(tmp_path, "nodes") / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 25
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_one_failing_rank_ends_the_job_with_its_error(tmp_path, launcher):
+    prefix = (
+        torchrun(2)
+        if launcher == "torchrun"
+        else [sys.executable, "-m", "engine.train", "--spawn", "2"]
+    )
+    started = time.monotonic()
+    out = run_engine(
+        tmp_path,
+        "fault",
+        "fault.rank=1",
+        "fault.raise_at_step=3",
+        "dist.timeout_s=60",
+        prefix=prefix,
+        check=False,
+        timeout=240,
+    )
+    assert out.returncode != 0
+    assert "injected fault at step 3 on rank 1" in out.stdout + out.stderr
+    assert time.monotonic() - started < 240  # ended, not hung
+
+
+def test_dataparallel_strategy_saves_bare_weights(tmp_path):
+    run_engine(tmp_path, "dp", "dist.strategy=dp", "train.max_steps=3")
+    assert not any(k.startswith("module.") for k in final_weights(tmp_path, "dp"))
+
+
+def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
+    out = run_engine(
+        tmp_path, "sbn", "dist.sync_bn=true", "train.max_steps=3", prefix=torchrun(2), check=False
+    )
+    assert out.returncode != 0 and "dist.sync_bn needs CUDA devices" in out.stderr
