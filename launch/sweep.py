@@ -64,12 +64,14 @@ def summarize(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str,
     return stats
 
 
-def fmt(value: Any) -> str:
+def fmt(value: Any, whole: bool = False) -> str:
+    """Counts as integers (their mean and std with one decimal), large values with one
+    decimal, fractions and losses with four."""
     if value is None:
         return "n/a"
     if isinstance(value, int):
         return str(value)
-    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.4f}"
+    return f"{value:.1f}" if whole or abs(value) >= 10 else f"{value:.4f}"
 
 
 def report_markdown(recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]) -> str:
@@ -83,7 +85,11 @@ def report_markdown(recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]
     ]
     for seed, (run, summary) in sorted(runs.items()):
         lines.append(f"| {seed} | {run} | " + " | ".join(fmt(summary[m]) for m in names) + " |")
-    cells = [f"{fmt(s['mean'])} ± {fmt(s['std'])}" for s in stats.values()]
+    cells = []
+    for m, s in stats.items():  # std in the mean's precision
+        one = all(isinstance(summary[m], int) for _, summary in runs.values())
+        one = one or abs(s["mean"]) >= 10
+        cells.append(f"{fmt(s['mean'], one)} ± {fmt(s['std'], one)}")
     lines += [
         "| mean ± std | | " + " | ".join(cells) + " |",
         "",

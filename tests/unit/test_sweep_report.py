@@ -71,6 +71,7 @@ def test_report_files(tmp_path):
     assert "| 0 | B-seed0 | 0.9000 |" in text
     assert "| mean ± std | | 0.9300 ± 0.0361 | 1.0000 ± 0.0000 |" in text
     assert "110.0 ± 10.0" in text and "sample standard deviation" in text
+    assert "| 450 | 2 | 15 |" in text and "| 450.0 ± 0.0 | 2.0 ± 0.0 | 15.0 ± 0.0 |" in text
     data = json.loads((tmp_path / "B-sweep" / "report.json").read_text())
     assert data["seeds"] == [0, 1, 2]
     assert data["runs"]["2"] == {"run": "B-seed2", "summary": summary(2)}
