@@ -64,6 +64,8 @@ SLURM_FLAGS = {  # field: (flag, environment variable)
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        if "required: command" in message:
+            message = f"no command given; one of: {', '.join(COMMANDS)}"
         raise UserError(f"{message} (see: python -m launch --help)")
 
 

@@ -198,6 +198,7 @@ BAD = {
     "bad target": ({}, ["--target", "k8s"], "--target='k8s' is not one of"),
     "bad target env": ({"TARGET": "x86_64"}, [], "TARGET='x86_64' is not one of local"),
     "bad command": ({}, [], "invalid choice"),
+    "no command": ({}, [], "no command given; one of: train, dry-run, submit"),
     "bad slurm int": ({"TIME_MIN": "soon"}, [], "TIME_MIN='soon'"),
     "line break": ({"PARTITION": "a\nb"}, [], "PARTITION cannot contain a line break"),
     "seeds": ({"SEEDS": "0"}, [], "SEEDS='0' is not a whole number >= 1"),
@@ -207,9 +208,10 @@ BAD = {
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_one_line_exit_2(case, recipes):
     env, args, message = BAD[case]
-    command = {"bad command": "fly", "line break": "submit", "seeds": "sweep"}.get(case, "train")
+    commands = {"bad command": ["fly"], "line break": ["submit"], "seeds": ["sweep"]}
+    command = commands.get(case, [] if case == "no command" else ["train"])
     env = {"GPUS": "0", "DRY_RUN": "1", "RECIPES_DIR": str(recipes), **env}
-    done = launch(command, *args, **env)
+    done = launch(*command, *args, **env)
     assert done.returncode == 2, (done.stdout, done.stderr)
     line = one_line(done.stderr)
     assert line.startswith("launch: ") and message in line, line
