@@ -170,3 +170,15 @@ def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
         tmp_path, "sbn", "dist.sync_bn=true", "train.max_steps=3", prefix=torchrun(2), check=False
     )
     assert out.returncode != 0 and "dist.sync_bn needs CUDA devices" in out.stderr
+
+
+def test_make_train_with_two_cpu_processes_reaches_the_accuracy_bar(tmp_path):
+    env = engine_env(GPUS="0", PROCS="2", ARGS=f"run.root={tmp_path} run.name=make2 log.wandb=off")
+    for var in ("RECIPE", "NODES", "DRY_RUN", "TARGET"):
+        env.pop(var, None)
+    out = subprocess.run(
+        ["make", "train"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir(tmp_path, "make2") / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["top1"] >= 0.98, summary
