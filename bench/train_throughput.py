@@ -57,12 +57,26 @@ def bare_segment(model, optimizer, dataset, batch_size: int) -> float:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as root:
-        overrides = ["log.wandb=off", "log.progress=off", f"run.root={root}", "run.name=bench",
-                     "device=cpu", "train.epochs=1000", "log.every_steps=10"]
+        overrides = [
+            "log.wandb=off",
+            "log.progress=off",
+            f"run.root={root}",
+            "run.name=bench",
+            "device=cpu",
+            "train.epochs=1000",
+            "log.every_steps=10",
+        ]
         cfg, recipe = load_config("digits", overrides)
         run = setup(cfg, recipe, D.DistEnv(), torch.device("cpu"))
         bare_model = recipe.build_model(cfg.model)
-        bare_opt = torch.optim.SGD(bare_model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+        o = cfg.optim  # the same optimizer settings, written as a tutorial would
+        bare_opt = torch.optim.SGD(
+            bare_model.parameters(),
+            lr=o.lr,
+            momentum=o.momentum,
+            nesterov=o.nesterov,
+            weight_decay=o.weight_decay,
+        )
         bare_segment(bare_model, bare_opt, run.train_data, cfg.train.batch_size)  # warm-up
         engine_segment(run)
         engine, bare = [], []
@@ -71,7 +85,9 @@ def main() -> None:
             bare.append(bare_segment(bare_model, bare_opt, run.train_data, cfg.train.batch_size))
         run.tracker.close()
     ratio = statistics.median(engine) / statistics.median(bare)
-    print(f"train throughput, digits, batch {cfg.train.batch_size}, CPU, {torch.get_num_threads()} threads")
+    print(
+        f"train throughput, digits, batch {cfg.train.batch_size}, CPU, {torch.get_num_threads()} threads"
+    )
     print(f"  engine {statistics.median(engine):8.0f} samples/s (median of {SEGMENTS})")
     print(f"  bare   {statistics.median(bare):8.0f} samples/s (median of {SEGMENTS})")
     print(f"  ratio engine/bare = {ratio:.3f} (target >= 0.95)")

@@ -65,6 +65,9 @@ class LoaderConfig:
     pin_memory: bool = True  # only takes effect on CUDA
     persistent_workers: bool = True
     prefetch_factor: int = 2
+    # Also seed python's `random` and numpy per sample, for augmentations that draw from them
+    # (torch's RNG is always seeded per sample).
+    seed_python_numpy: bool = False
 
 
 @dataclass

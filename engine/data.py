@@ -16,12 +16,13 @@ class SeededSamples(Dataset):
 
     Seeding per sample makes augmentation independent of which worker loads it. In the main
     process (num_workers=0) torch's RNG state is restored afterwards, so model-side randomness
-    (dropout) is the same whatever the number of workers. Python's and numpy's global RNGs are
-    left seeded by the last sample: the loop does not draw from them, and restoring numpy's
-    state would cost more than loading the sample."""
+    (dropout) is the same whatever the number of workers. With seed_python_numpy, python's and
+    numpy's global RNGs are seeded per sample too and left so: the loop does not draw from
+    them, and restoring numpy's state would cost more than loading the sample."""
 
-    def __init__(self, dataset: Dataset):
+    def __init__(self, dataset: Dataset, python_numpy: bool = False):
         self.dataset = dataset
+        self.python_numpy = python_numpy
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -29,11 +30,11 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int, int]):
         index, sample_seed = key
         if torch.utils.data.get_worker_info() is not None:
-            seed_sample(sample_seed)
+            seed_sample(sample_seed, self.python_numpy)
             return (*self.dataset[index], index)
         saved = torch.default_generator.get_state()
         try:
-            seed_sample(sample_seed)
+            seed_sample(sample_seed, self.python_numpy)
             return (*self.dataset[index], index)
         finally:
             torch.default_generator.set_state(saved)
@@ -55,7 +56,7 @@ def train_loader(
 ) -> DataLoader:
     generator = torch.Generator().manual_seed(derive_seed(sampler.seed, sampler.rank, 0x10AD))
     return DataLoader(
-        SeededSamples(dataset),
+        SeededSamples(dataset, cfg.seed_python_numpy),
         batch_sampler=sampler,
         generator=generator,
         **_worker_options(cfg, device),

@@ -78,15 +78,13 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         perm = epoch_permutation(self.seed, self.epoch, self.n).tolist()
+        base = derive_seed(self.seed, self.epoch)  # sample i's seed: base + i
         plan, b = self.plan, self.plan.global_batch
         for first in range(self.start, self.steps_per_epoch * b, b):
             mine = first + self.rank * plan.per_rank
             for j in range(plan.accum_steps):
                 lo = mine + j * plan.micro_batch
-                yield [
-                    (i, derive_seed(self.seed, self.epoch, i))
-                    for i in perm[lo : lo + plan.micro_batch]
-                ]
+                yield [(i, (base + i) % 2**63) for i in perm[lo : lo + plan.micro_batch]]
 
 
 def eval_shard(n: int, rank: int, world_size: int) -> range:

@@ -36,18 +36,22 @@ def set_deterministic(enabled: bool) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def seed_sample(sample_seed: int) -> None:
+def seed_sample(sample_seed: int, python_numpy: bool = False) -> None:
     """Make per-sample randomness (augmentation) a function of (seed, epoch, index) alone, so
-    it does not change with num_workers, world size, or a mid-epoch resume."""
-    random.seed(sample_seed)
-    np.random.seed(sample_seed % 2**32)
+    it does not change with num_workers, world size, or a mid-epoch resume.
+
+    torch's RNG always (torchvision's transforms draw from it); python's and numpy's only when
+    asked (loader.seed_python_numpy), since seeding them costs more than a small sample."""
     torch.default_generator.manual_seed(sample_seed)  # CPU only: torch.manual_seed costs 100x
+    if python_numpy:
+        random.seed(sample_seed)
+        np.random.seed(sample_seed % 2**32)
 
 
 def worker_init(worker_id: int) -> None:
     # Per-sample seeding does the real work; this keeps stray RNG use in workers distinct.
     info = torch.utils.data.get_worker_info()
-    seed_sample(derive_seed(info.seed if info else 0, worker_id))
+    seed_sample(derive_seed(info.seed if info else 0, worker_id), python_numpy=True)
 
 
 def rng_state() -> dict:
