@@ -1,0 +1,52 @@
+import math
+
+import pytest
+
+from engine.config import SchedConfig
+from engine.optim import lr_factor
+from tests.helpers import final_weights, records, run_dir, run_engine, same_weights
+
+
+def test_warmup_then_cosine_counts_optimizer_steps():
+    cfg = SchedConfig(name="cosine", warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(0, 110, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, 110, cfg) == pytest.approx(1.0)
+    assert lr_factor(60, 110, cfg) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(110, 110, cfg) == pytest.approx(0.1)
+
+
+def test_step_schedule():
+    cfg = SchedConfig(name="step", milestones=[5, 8], gamma=0.5)
+    assert [lr_factor(s, 10, cfg) for s in (0, 4, 5, 7, 8, 9)] == [1, 1, 0.5, 0.5, 0.25, 0.25]
+
+
+@pytest.mark.slow
+def test_adamw_step_schedule_clipping_bf16_and_deterministic_run_on_cpu(tmp_path):
+    run_engine(
+        tmp_path,
+        "opts",
+        "optim.name=adamw",
+        "optim.lr=0.01",
+        "sched.name=step",
+        "sched.milestones=[5]",
+        "sched.gamma=0.1",
+        "train.grad_clip=0.5",
+        "train.amp=bf16",
+        "deterministic=true",
+        "train.max_steps=10",
+        "log.every_steps=1",
+    )
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path, "opts", "train")}
+    # lr logged after step s is the one the next step uses
+    assert lrs[4] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.001)
+    assert all(math.isfinite(r["loss"]) for r in records(tmp_path, "opts", "train"))
+
+
+@pytest.mark.slow
+def test_resume_from_an_explicit_checkpoint_path(tmp_path):
+    common = ["train.max_steps=12", "ckpt.every_steps=4", "ckpt.keep=10"]
+    run_engine(tmp_path, "source", *common)
+    middle = run_dir(tmp_path, "source") / "checkpoints" / "step-00000004.pt"
+    out = run_engine(tmp_path, "fork", *common, f"resume={middle}")
+    assert f"resuming from {middle}" in out.stderr
+    assert same_weights(final_weights(tmp_path, "fork"), final_weights(tmp_path, "source"))
