@@ -30,6 +30,7 @@ def test_adamw_step_schedule_clipping_bf16_and_deterministic_run_on_cpu(tmp_path
         "sched.name=step",
         "sched.milestones=[5]",
         "sched.gamma=0.1",
+        "sched.warmup_steps=0",
         "train.grad_clip=0.5",
         "train.amp=bf16",
         "deterministic=true",
