@@ -182,3 +182,12 @@ def test_make_train_with_two_cpu_processes_reaches_the_accuracy_bar(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir(tmp_path, "make2") / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["top1"] >= 0.98, summary
+
+
+@pytest.mark.parametrize("method", ["tcp", "file"])
+def test_tcp_and_file_init_methods(tmp_path, method):
+    init = f"tcp://127.0.0.1:{free_port()}" if method == "tcp" else f"file://{tmp_path}/rendezvous"
+    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
+    run_engine(tmp_path, "init", f"dist.init_method={init}", "train.max_steps=3", prefix=spawn)
+    summary = json.loads((run_dir(tmp_path, "init") / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 3
