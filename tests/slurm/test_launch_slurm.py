@@ -1,19 +1,33 @@
-"""`python -m launch submit|sweep` and the rendered sbatch script on the local cluster, with
-the real engine and the digits recipe: a 2-node job, preemption (SIGUSR2) ending in a requeue
-that resumes from the checkpoint, and a seed sweep as a job array with its report."""
+"""`python -m launch submit|sweep|render` on the local cluster, with the real engine and the
+digits recipe: a 2-node job that records both hosts and passes the digits bar; a preemption
+(SIGUSR2) mid-training that requeues the job and resumes it bit for bit in the same W&B run;
+the rendered sbatch script, checked by `sbatch --test-only` and run by hand through a
+preemption; a seed sweep as a job array with its mean ± std report."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+import yaml
+
+from tests.helpers import final_weights, read_wandb_history, same_weights
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUEST_VARS = {"RECIPE", "GPUS", "NODES", "PROCS", "ARGS", "DRY_RUN", "SEEDS", "TARGET"}
+DIGITS_BAR = 0.98  # top1 the digits recipe reaches with its own config (15 epochs)
+# Preemption runs: 110 steps (22 per epoch), one log line per step, so that the signal sent
+# once step 30 is logged stops training mid-epoch, well before its end.
+PREEMPTIBLE = "train.epochs=5 ckpt.every_steps=0 log.every_steps=1"
+STOPPED = re.compile(r"stopped at step (\d+) \(preempted\)")
+RESUMED = re.compile(r"resuming from \S+/step-(\d+)\.pt \(epoch \d+, step (\d+)\)")
 
 
 def launch(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
@@ -29,10 +43,14 @@ def launch(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedP
     )
 
 
-def submitted_job(out: str) -> str:
-    match = re.search(r"submitted job (\d+)", out)
-    assert match, out
-    return match.group(1)
+def submit(slurm_cluster, args: str, **env: str) -> tuple[str, str]:
+    """`python -m launch submit` with ARGS=args; returns (job id, its stdout)."""
+    done = launch("submit", ARGS=args, **env)
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"submitted job (\d+)", done.stdout)
+    assert match, done.stdout
+    slurm_cluster.submitted.append(match.group(1))
+    return match.group(1), done.stdout
 
 
 def wait_for_text(path: Path, text: str, timeout: float) -> None:
@@ -41,76 +59,162 @@ def wait_for_text(path: Path, text: str, timeout: float) -> None:
         if time.monotonic() > deadline:
             tail = path.read_text()[-2000:] if path.exists() else "(no log)"
             raise TimeoutError(f"{text!r} not in {path} after {timeout:.0f}s:\n{tail}")
-        time.sleep(0.5)
+        time.sleep(0.05)
 
 
-def test_submit_runs_one_rank_per_task_across_two_nodes(slurm_cluster, tmp_path):
-    args = f"train.epochs=1 run.name=two run.root={tmp_path}/runs"
-    done = launch("submit", NODES="2", ARGS=args)
-    assert done.returncode == 0, done.stderr
-    job = submitted_job(done.stdout)
-    slurm_cluster.submitted.append(job)
-    run = tmp_path / "runs" / "digits" / "two"
-    assert f"run dir: {run}" in done.stdout
-
-    result = slurm_cluster.wait(job, timeout=300)
-    log = (run / "slurm" / f"{job}_0_log.err").read_text()
-    assert (result.state, result.exit_code) == ("COMPLETED", 0), log[-3000:]
-    assert json.loads((run / "summary.json").read_text())["world_size"] == 2
-
-
-def test_submit_preempted_job_requeues_and_resumes(slurm_cluster, tmp_path):
-    args = f"train.epochs=6 run.name=pre run.root={tmp_path}/runs"
-    done = launch("submit", ARGS=args)
-    assert done.returncode == 0, done.stderr
-    job = submitted_job(done.stdout)
-    slurm_cluster.submitted.append(job)
-    run = tmp_path / "runs" / "digits" / "pre"
-    log = run / "slurm" / f"{job}_0_log.err"
+def preempt(slurm_cluster, job: str, log: Path) -> None:
+    """SIGUSR2 to the job's tasks once its log shows training under way (epoch 1)."""
     wait_for_text(log, "step 30/", timeout=180)
-    assert slurm_cluster.run("scancel", "--signal=USR2", job).returncode == 0
+    out = slurm_cluster.run("scancel", "--signal=USR2", job)
+    assert out.returncode == 0, out.stderr
+
+
+def stop_and_resume_steps(text: str) -> tuple[int, int]:
+    """The step the preempted attempt saved at and the step the next attempt resumed from
+    (both from the log, the latter also from the checkpoint file's name)."""
+    stopped, resumed = STOPPED.findall(text), RESUMED.findall(text)
+    assert len(stopped) == 1 and len(resumed) == 1, text[-3000:]
+    file_step, step = resumed[0]
+    assert int(file_step) == int(step), text[-3000:]
+    return int(stopped[0]), int(step)
+
+
+def test_submit_on_two_nodes_records_both_hosts_and_passes_the_digits_bar(slurm_cluster, tmp_path):
+    root = tmp_path / "runs"  # the recipe's own config: 15 epochs
+    job, out = submit(slurm_cluster, f"run.name=two run.root={root}", NODES="2")
+    run = root / "digits" / "two"
+    assert f"run dir: {run}" in out and "2 node(s) x 1 task(s), CPU" in out
+
+    result = slurm_cluster.wait(job, timeout=400)
+    log = (run / "slurm" / f"{job}_0_log.err").read_text()
+    assert (result.state, result.exit_code, result.restarts) == ("COMPLETED", 0, 0), log[-3000:]
+    assert result.info["NodeList"] == "node[1-2]"
+    env = json.loads((run / "env.json").read_text())
+    assert env["world_size"] == 2 and env["slurm_job_id"] == job
+    assert env["hosts"] == ["node1", "node2"], env["hosts"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["epochs"]) == (2, 15), summary
+    assert summary["top1"] >= DIGITS_BAR, summary
+
+
+def test_submit_preempted_mid_training_resumes_bitwise_in_the_same_wandb_run(
+    slurm_cluster, tmp_path
+):
+    root = tmp_path / "runs"
+    config = f"{PREEMPTIBLE} log.wandb=offline run.root={root}"
+    job, _ = submit(slurm_cluster, f"{config} run.name=pre")
+    reference, _ = submit(slurm_cluster, f"{config} run.name=ref")  # same config, no signal
+    run = root / "digits" / "pre"
+    log = run / "slurm" / f"{job}_0_log.err"
+    preempt(slurm_cluster, job, log)
+    wandb_id = (run / "wandb-id.txt").read_text().strip()  # written before the first step
+    assert re.fullmatch(r"[0-9a-z]+", wandb_id), wandb_id
 
     result = slurm_cluster.wait(job, timeout=300)
     text = log.read_text()
     assert (result.state, result.exit_code, result.restarts) == ("COMPLETED", 0, 1), text[-3000:]
-    stopped = re.search(r"stopped at step (\d+) \(preempted\)", text)
-    resumed = re.search(r"resuming from \S+ \(epoch \d+, step (\d+)\)", text)
-    assert stopped and resumed and stopped.group(1) == resumed.group(1), text[-3000:]
+    stopped, resumed = stop_and_resume_steps(text)
+    assert stopped == resumed
     assert f"requeued job {job}" in text
     assert "Caught signal" not in text  # the engine's handler ran, not submitit's
-    assert (run / "summary.json").is_file()
+
+    ref = slurm_cluster.wait(reference, timeout=300)
+    assert (ref.state, ref.exit_code, ref.restarts) == ("COMPLETED", 0, 0)
+    summaries = [
+        json.loads((root / "digits" / n / "summary.json").read_text()) for n in ("pre", "ref")
+    ]
+    assert stopped < summaries[1]["steps"], "the signal arrived after training had ended"
+    for s in summaries:
+        del s["seconds"]
+    assert summaries[0] == summaries[1]
+    assert same_weights(final_weights(root, "pre"), final_weights(root, "ref"))
+
+    assert (run / "wandb-id.txt").read_text().strip() == wandb_id
+    attempts = sorted(run.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(attempts) == 2, attempts
+    assert [read_wandb_history(p)[0] for p in attempts] == [wandb_id, wandb_id]
+
+
+@pytest.mark.parametrize(
+    ("request_vars", "nodes"),
+    [({"NODES": "2"}, r"node\[1-2\]"), ({"PROCS": "2"}, r"node[12]")],
+    ids=["2-nodes", "2-procs"],
+)
+def test_rendered_sbatch_script_passes_sbatch_test_only(
+    slurm_cluster, tmp_path, request_vars, nodes
+):
+    name = f"t{tmp_path.name}"
+    args = f"run.name={name} run.root={tmp_path}/runs"
+    done = launch("render", "--target", "sbatch", ARGS=args, **request_vars)
+    assert done.returncode == 0, done.stderr
+    script = tmp_path / "job.sbatch"
+    script.write_text(done.stdout)
+
+    out = slurm_cluster.run("sbatch", "--test-only", str(script))
+    assert out.returncode == 0, out.stderr
+    match = re.search(
+        r"sbatch: Job (\d+) to start at \S+ using 2 processors on nodes (\S+) in partition",
+        out.stderr,
+    )
+    assert match and re.fullmatch(nodes, match[2]), out.stderr
+    # nothing was queued: no job with that id, none with the script's job name
+    assert slurm_cluster.run("scontrol", "show", "job", match[1]).returncode != 0
+    listed = slurm_cluster.run("squeue", "-h", "--states=all", "-n", f"digits-{name}", "-o", "%i")
+    assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout
 
 
 def test_rendered_sbatch_script_requeues_on_75_and_resumes(slurm_cluster, tmp_path):
-    args = f"train.epochs=6 run.name=hand run.root={tmp_path}/runs"
+    args = f"{PREEMPTIBLE} run.name=hand run.root={tmp_path}/runs"
     done = launch("render", "--target", "sbatch", ARGS=args)
     assert done.returncode == 0, done.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(done.stdout)
-    logs = tmp_path / "runs" / "digits" / "hand" / "slurm"
-    logs.mkdir(parents=True)
+    run = tmp_path / "runs" / "digits" / "hand"
+    (run / "slurm").mkdir(parents=True)
     out = slurm_cluster.run("sbatch", "--parsable", str(script))
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip().split(";")[0]
     slurm_cluster.submitted.append(job)
-    wait_for_text(logs / f"{job}.err", "step 30/", timeout=180)
-    assert slurm_cluster.run("scancel", "--signal=USR2", job).returncode == 0
+    log = run / "slurm" / f"{job}.err"
+    preempt(slurm_cluster, job, log)
 
     result = slurm_cluster.wait(job, timeout=300)
-    text = (logs / f"{job}.err").read_text()
+    text = log.read_text()
     assert (result.state, result.exit_code, result.restarts) == ("COMPLETED", 0, 1), text[-3000:]
-    assert f"requeueing job {job}" in text and "resuming from" in text
-    assert (tmp_path / "runs" / "digits" / "hand" / "summary.json").is_file()
+    stopped, resumed = stop_and_resume_steps(text)
+    assert stopped == resumed
+    assert f"requeueing job {job}" in text
+    summary = json.loads((run / "summary.json").read_text())
+    assert stopped < summary["steps"]
 
 
-def test_sweep_as_a_job_array_writes_the_report(slurm_cluster, tmp_path):
+def test_sweep_of_three_seeds_as_a_job_array_reports_mean_and_std(slurm_cluster, tmp_path):
     args = f"train.epochs=1 run.name=sw run.root={tmp_path}/runs"
-    done = launch("sweep", "--slurm", "--seeds", "2", ARGS=args, timeout=400)
-    slurm_cluster.submitted += re.findall(r"submitted (\d+_\d+):", done.stdout)
+    done = launch("sweep", "--slurm", "--seeds", "3", ARGS=args, timeout=400)
+    tasks = re.findall(r"submitted (\d+)_(\d+): (\S+)", done.stdout)
+    slurm_cluster.submitted += [f"{array}_{i}" for array, i, _ in tasks]
     assert done.returncode == 0, done.stdout + done.stderr
-    report = tmp_path / "runs" / "digits" / "sw-sweep"
-    data = json.loads((report / "report.json").read_text())
-    assert data["seeds"] == [0, 1]
-    assert [data["runs"][s]["run"] for s in ("0", "1")] == ["sw-seed0", "sw-seed1"]
-    assert 0 < data["metrics"]["top1"]["mean"] <= 1 and data["metrics"]["top1"]["n"] == 2
-    assert (report / "report.md").read_text() in done.stdout
+    assert len({array for array, _, _ in tasks}) == 1, done.stdout  # one job array
+    assert [(i, name) for _, i, name in tasks] == [(str(s), f"sw-seed{s}") for s in range(3)]
+
+    parent = tmp_path / "runs" / "digits"
+    for seed in range(3):
+        assert (
+            yaml.safe_load((parent / f"sw-seed{seed}" / "config.yaml").read_text())["seed"] == seed
+        )
+    top1 = [
+        json.loads((parent / f"sw-seed{s}" / "summary.json").read_text())["top1"] for s in range(3)
+    ]
+    data = json.loads((parent / "sw-sweep" / "report.json").read_text())
+    assert data["seeds"] == [0, 1, 2]
+    assert [data["runs"][str(s)]["run"] for s in range(3)] == ["sw-seed0", "sw-seed1", "sw-seed2"]
+    stats = data["metrics"]["top1"]
+    assert stats["n"] == 3
+    assert stats["mean"] == pytest.approx(statistics.fmean(top1), abs=1e-12)
+    assert stats["std"] == pytest.approx(statistics.stdev(top1), abs=1e-12)
+
+    markdown = (parent / "sw-sweep" / "report.md").read_text()
+    assert markdown in done.stdout
+    mean_row = next(line for line in markdown.splitlines() if line.startswith("| mean ± std |"))
+    assert f"{stats['mean']:.4f} ± {stats['std']:.4f}" in mean_row, markdown
+    assert "over 3 seeds" in markdown
