@@ -106,6 +106,14 @@ def host_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def limit_threads(denv: DistEnv) -> None:
+    """Under srun, use the CPUs SLURM gave the task (torchrun sets OMP_NUM_THREADS itself):
+    without a cgroup task plugin nothing else stops every rank from using every core."""
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK")
+    if denv.source == "slurm" and cpus and cpus.isdigit() and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(cpus))
+
+
 def pick_device(requested: str, denv: DistEnv) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():

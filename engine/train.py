@@ -431,6 +431,7 @@ def run_eval(run: Run, progress: Progress) -> dict:
 def train(cfg: C.Config, recipe: R.Recipe) -> int:
     started = time.perf_counter()
     denv = D.read_env()
+    D.limit_threads(denv)
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)
     D.init(denv, cfg.dist, device)
