@@ -23,6 +23,7 @@ from engine.config import ConfigError, LogConfig
 PROVENANCE_VARS = (
     "RECIPES_IMAGE",
     "RECIPES_IMAGE_DIGEST",
+    "RECIPES_BASE_IMAGE",
     "RECIPES_GIT_SHA",
     "RECIPES_LOCK_SHA256",
 )
