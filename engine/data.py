@@ -27,15 +27,22 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]):
+    def _load(self, key: tuple[int, int]):
         index, sample_seed = key
+        seed_sample(sample_seed, self.python_numpy)
+        return (*self.dataset[index], index)
+
+    def __getitem__(self, key: tuple[int, int]):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list:
+        """A whole micro batch at once (the DataLoader calls this when it exists), so the
+        caller's RNG state is saved and restored once per batch, not once per sample."""
         if torch.utils.data.get_worker_info() is not None:
-            seed_sample(sample_seed, self.python_numpy)
-            return (*self.dataset[index], index)
+            return [self._load(key) for key in keys]
         saved = torch.default_generator.get_state()
         try:
-            seed_sample(sample_seed, self.python_numpy)
-            return (*self.dataset[index], index)
+            return [self._load(key) for key in keys]
         finally:
             torch.default_generator.set_state(saved)
 
