@@ -1,6 +1,7 @@
 """The digits recipe end to end, in real processes: accuracy, reproducibility, resume, W&B."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -133,3 +134,39 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path):
     assert (run_dir(tmp_path, "wb") / "wandb-id.txt").read_text() == first_id
     logs = sorted(run_dir(tmp_path, "wb").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(logs) == 2 and {read_wandb_history(p)[0] for p in logs} == {first_id.strip()}
+
+
+def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.train",
+        "digits",
+        "log.wandb=off",
+        "device=cpu",
+        f"run.root={tmp_path}",
+        "train.max_steps=12",
+        "log.every_steps=5",
+    ]
+    plain = subprocess.run(
+        cmd + ["run.name=plain"],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "step 10/12 epoch 0 loss" in plain.stderr and "step/s" not in plain.stderr
+    # `script` gives the process a real terminal (a pty) of 100 columns
+    inner = "stty cols 100 rows 30; " + shlex.join(cmd + ["run.name=tty"])
+    tty = subprocess.run(
+        ["script", "-qec", inner, "/dev/null"],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert tty.returncode == 0, tty.stdout
+    assert "12/12 [" in tty.stdout and "step/s" in tty.stdout
+    assert "step 10/12 epoch" not in tty.stdout
