@@ -51,3 +51,19 @@ def test_resume_from_an_explicit_checkpoint_path(tmp_path):
     out = run_engine(tmp_path, "fork", *common, f"resume={middle}")
     assert f"resuming from {middle}" in out.stderr
     assert same_weights(final_weights(tmp_path, "fork"), final_weights(tmp_path, "source"))
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_and_checkpoints_bare_weights(tmp_path):
+    run_engine(
+        tmp_path,
+        "compiled",
+        "train.compile=true",
+        "train.max_steps=5",
+        "log.every_steps=1",
+        timeout=600,
+    )
+    weights = final_weights(tmp_path, "compiled")
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in weights)
+    losses = [r["loss"] for r in records(tmp_path, "compiled", "train")]
+    assert len(losses) == 5 and all(map(math.isfinite, losses))
