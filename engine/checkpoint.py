@@ -46,8 +46,15 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_model_state(model: nn.Module, state: dict[str, Any]) -> None:
-    unwrap(model).load_state_dict(strip_prefixes(state))
+def load_model_state(model: nn.Module, state: dict[str, Any], source: Path | None = None) -> None:
+    try:
+        unwrap(model).load_state_dict(strip_prefixes(state))
+    except RuntimeError as err:  # another model or config: a user mistake, said in one line
+        detail = " ".join(str(err).split())[:300]
+        raise ConfigError(
+            f"checkpoint {source or ''} does not fit this model ({detail}); resume with the "
+            "config that wrote it, or start a new run (resume=none or another run.name)"
+        ) from None
 
 
 def atomic_save(obj: Any, path: Path) -> None:

@@ -133,7 +133,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
 
     source = resume_source(cfg, run_dir)
     if source:
-        ckpt.load_model_state(model, source[1]["model"])
+        ckpt.load_model_state(model, source[1]["model"], source[0])
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.to(device)

@@ -6,7 +6,7 @@ import yaml
 
 from engine import config as C
 from engine.train import load_config
-from tests.helpers import REPO, engine_env
+from tests.helpers import REPO, engine_env, run_dir, run_engine
 
 
 def test_layers_defaults_recipe_then_overrides():
@@ -79,3 +79,14 @@ def test_half_set_distributed_env_is_an_error(tmp_path):
     assert out.returncode == 2
     assert "LOCAL_RANK, MASTER_ADDR, MASTER_PORT missing" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_resuming_a_run_with_another_model_is_a_one_line_error(tmp_path):
+    run_engine(tmp_path, "w8", "model.width=8", "train.max_steps=2")
+    before = sorted(p.name for p in (run_dir(tmp_path, "w8") / "checkpoints").iterdir())
+    out = run_engine(tmp_path, "w8", "model.width=16", "train.max_steps=4", check=False)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not fit this model" in lines[0], out.stderr
+    after = sorted(p.name for p in (run_dir(tmp_path, "w8") / "checkpoints").iterdir())
+    assert after == before  # nothing lost or overwritten
