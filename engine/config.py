@@ -84,7 +84,7 @@ class CheckpointConfig:
 
 @dataclass
 class LogConfig:
-    every_steps: int = 10
+    every_steps: int = 10  # also how often ranks agree on a preemption signal
     wandb: Literal["auto", "online", "offline", "off"] = "auto"
     project: str = "recipes"
     entity: str | None = None

@@ -51,6 +51,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     sampler: GlobalBatchSampler
+    loader: torch.utils.data.DataLoader  # built once, so persistent workers persist
     train_data: torch.utils.data.Dataset
     eval_data: torch.utils.data.Dataset
     loss_fn: object
@@ -168,6 +169,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         scheduler,
         scaler,
         sampler,
+        train_loader(train_data, sampler, cfg.loader, device),
         train_data,
         eval_data,
         recipe.loss or F.cross_entropy,
@@ -331,7 +333,7 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
     cfg, st, plan = run.cfg, run.state, run.sampler.plan
     run.sampler.set_epoch(st.epoch, st.position)
     meter = Meter(run.device)
-    batches = iter(train_loader(run.train_data, run.sampler, cfg.loader, run.device))
+    batches = iter(run.loader)  # the batch sampler is read in this process, at iter()
     steps_in_epoch = run.sampler.steps_per_epoch
     while st.position < steps_in_epoch * plan.global_batch and st.step < run.total_steps:
         waited = time.perf_counter()
@@ -374,7 +376,11 @@ def stop_reason(run: Run) -> str | None:
     stop_at = run.cfg.train.stop_at_step
     if stop_at and run.state.step == stop_at and run.state.step < run.total_steps:
         return "stop_at_step"
-    if D.any_rank(preempt.stop_requested(), run.device):  # every rank agrees, every step
+    # Ranks agree on a preemption with a collective, at the steps where metrics are reduced
+    # anyway: one more per step would cost a device sync on every step.
+    if run.state.step % run.cfg.log.every_steps == 0 and D.any_rank(
+        preempt.stop_requested(), run.device
+    ):
         return "preempted"
     return None
 
