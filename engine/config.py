@@ -124,7 +124,8 @@ class SlurmConfig:
     constraint: str | None = None
     exclude: str | None = None
     setup: list[str] = field(default_factory=list)
-    signal_delay_s: int = 120
+    signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit
+    max_requeues: int = 20  # stop requeueing a job that was requeued this often
 
 
 ENGINE_SECTIONS: dict[str, type] = {

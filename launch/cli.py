@@ -18,7 +18,6 @@ Environment (all optional):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import os
 import re
@@ -34,6 +33,7 @@ from typing import NoReturn
 
 import yaml
 
+from engine.config import ConfigError, SlurmConfig, build_section
 from launch import render
 from launch.errors import UserError
 from launch.render import Request, Slurm
@@ -46,7 +46,6 @@ OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 ENDPOINT = re.compile(r"[^\s:]+:\d{1,5}")
-SLURM_KEYS = {f.name for f in dataclasses.fields(Slurm)} - {"max_requeues"}
 SLURM_INTS = ("time_min", "cpus_per_task", "mem_gb", "signal_delay_s", "max_requeues")
 SLURM_FLAGS = {  # field: (flag, environment variable)
     "partition": ("--partition", "PARTITION"),
@@ -197,14 +196,10 @@ def new_run_name(recipe: str) -> str:
 
 def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict) -> Slurm:
     section = config.get("slurm") or {}
-    if not isinstance(section, dict):
-        raise UserError("the recipe's `slurm:` section must be a mapping; fix config.yaml")
-    unknown = sorted(set(section) - SLURM_KEYS)
-    if unknown:
-        raise UserError(
-            f"unknown key slurm.{unknown[0]} in the recipe config; known: "
-            + ", ".join(sorted(SLURM_KEYS))
-        )
+    try:  # the same schema and messages as the engine, which validates the section too
+        build_section("slurm", SlurmConfig, section)
+    except ConfigError as err:
+        raise UserError(f"recipe config.yaml: {err}") from None
     values = {k: v for k, v in section.items() if v is not None}
     labels = {k: f"slurm.{k}" for k in values}
     for name, (flag, var) in SLURM_FLAGS.items():

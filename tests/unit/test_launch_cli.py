@@ -5,12 +5,13 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUEST_VARS = (
@@ -241,15 +242,8 @@ def test_a_missing_program_is_one_line(recipes, tmp_path):
 
 @pytest.fixture
 def fake_checkout(tmp_path):
-    """A copy of launch/ beside a fake engine that records how it was started."""
-    root = tmp_path / "checkout"
-    shutil.copytree(ROOT / "launch", root / "launch", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "engine").mkdir()
-    (root / "engine" / "__init__.py").write_text("")
-    (root / "engine" / "train.py").write_text(FAKE_TRAIN)
-    (root / "recipes" / "digits").mkdir(parents=True)
-    (root / "recipes" / "digits" / "config.yaml").write_text(CONFIG)
-    return root
+    """launch/ beside a fake engine that records how it was started."""
+    return helpers.fake_checkout(tmp_path / "checkout", FAKE_TRAIN, CONFIG)
 
 
 @pytest.mark.parametrize("rc", [0, 2, 75])

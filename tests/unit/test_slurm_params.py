@@ -1,6 +1,7 @@
 """launch.slurm: submitit parameters from a request, and how a finished engine run ends a
 SLURM task (requeue on 75), checked against submitit's own job entry point."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import submitit
 from submitit.core import utils as submitit_utils
 
+from engine.config import SlurmConfig
 from launch import render, slurm
 from launch.render import Request, Slurm
 
@@ -251,3 +253,10 @@ def test_a_signal_before_the_engine_handler_meets_submitit_which_requeues_the_sa
     again = submitit_utils.DelayedSubmission.load(folder / "4242_submitted.pkl")
     assert isinstance(again.function, slurm.EngineJob)
     assert (again.function.recipe, again.function.args) == ("digits", ["run.name=RUN"])
+
+
+def test_launch_slurm_options_are_the_engine_slurm_section():
+    """One schema: launch's frozen Slurm carries exactly the engine's `slurm:` keys and defaults."""
+    engine = {f.name: getattr(SlurmConfig(), f.name) for f in dataclasses.fields(SlurmConfig)}
+    launch = {f.name: getattr(Slurm(), f.name) for f in dataclasses.fields(Slurm)}
+    assert launch == engine | {"setup": tuple(engine["setup"])}

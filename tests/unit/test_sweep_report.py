@@ -3,7 +3,6 @@
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 from launch import sweep
 from launch.errors import UserError
 from launch.render import Request
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP1 = [0.90, 0.92, 0.97]
@@ -118,14 +118,7 @@ if __name__ == "__main__":
 
 @pytest.fixture
 def checkout(tmp_path):
-    root = tmp_path / "checkout"
-    shutil.copytree(ROOT / "launch", root / "launch", ignore=shutil.ignore_patterns("__py*"))
-    (root / "engine").mkdir()
-    (root / "engine" / "__init__.py").write_text("")
-    (root / "engine" / "train.py").write_text(FAKE_TRAIN)
-    (root / "recipes" / "digits").mkdir(parents=True)
-    (root / "recipes" / "digits" / "config.yaml").write_text("seed: 0\n")
-    return root
+    return helpers.fake_checkout(tmp_path / "checkout", FAKE_TRAIN, "seed: 0\n")
 
 
 def launch_sweep(checkout: Path, *args, **env) -> subprocess.CompletedProcess:
