@@ -5,7 +5,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -144,7 +143,7 @@ def test_one_failing_rank_ends_the_job_with_its_error(tmp_path, launcher):
         if launcher == "torchrun"
         else [sys.executable, "-m", "engine.train", "--spawn", "2"]
     )
-    started = time.monotonic()
+    # a hang would exceed the subprocess timeout and fail the test; no clock assertion needed
     out = run_engine(
         tmp_path,
         "fault",
@@ -157,7 +156,6 @@ def test_one_failing_rank_ends_the_job_with_its_error(tmp_path, launcher):
     )
     assert out.returncode != 0
     assert "injected fault at step 3 on rank 1" in out.stdout + out.stderr
-    assert time.monotonic() - started < 240  # ended, not hung
 
 
 def test_dataparallel_strategy_saves_bare_weights(tmp_path):
