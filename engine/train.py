@@ -22,9 +22,9 @@ from engine import config as C
 from engine import distributed as D
 from engine import preempt
 from engine import recipe as R
-from engine.data import eval_loader, train_loader
+from engine.data.loaders import eval_loader, train_loader
 from engine.optim import build_optimizer, build_scheduler
-from engine.sampler import GlobalBatchSampler, plan_batches
+from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
 from engine.tracking import NullTracker, Progress, Tracker, environment, log, wandb_mode
 

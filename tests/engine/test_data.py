@@ -3,7 +3,7 @@ import random
 import numpy as np
 import torch
 
-from engine.data import SeededSamples
+from engine.data.loaders import SeededSamples
 
 
 class Draws(torch.utils.data.Dataset):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from engine.config import ConfigError
-from engine.sampler import GlobalBatchSampler, epoch_permutation, eval_shard, plan_batches
+from engine.data.sampler import GlobalBatchSampler, epoch_permutation, eval_shard, plan_batches
 
 
 def global_batches(n, batch, world, micro, seed, epoch, start=0):

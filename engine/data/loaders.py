@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from engine.config import LoaderConfig
-from engine.sampler import GlobalBatchSampler, eval_shard
+from engine.data.sampler import GlobalBatchSampler, eval_shard
 from engine.seeding import derive_seed, seed_sample, worker_init
 
 
