@@ -1,6 +1,8 @@
 # The request interface. Every target renders its command through `python -m launch`;
 # DRY_RUN=1 (or `make dry-run`) prints that command instead of running it.
 #   make train RECIPE=digits GPUS=8 NODES=1 PROCS=1 ARGS="optim.lr=0.2 train.epochs=5"
+#   make train RECIPE=imagenet CONFIG=v2     (a named variant: recipes/imagenet/v2.yaml)
+#   make recipes                             (lists recipes, variants, what each trains)
 # Request variables reach launch through the environment, never through the shell
 # line, so a value such as ARGS='"; rm -rf x"' stays an inert argument.
 
@@ -8,14 +10,14 @@ RECIPE ?= digits
 NODES ?= 1
 PROCS ?= 1
 SEEDS ?= 3
-export RECIPE GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train test test-fast submit docker-train image sif sweep bench lint dry-run venv lock clean
+.PHONY: train recipes test test-fast submit docker-train image sif sweep bench lint dry-run venv lock clean
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -27,6 +29,9 @@ venv: $(STAMP)
 
 train: $(STAMP)
 	@$(PY) -m launch train
+
+recipes: $(STAMP)
+	@$(PY) -m launch recipes
 
 dry-run: $(STAMP)
 	@DRY_RUN=1 $(PY) -m launch train

@@ -37,6 +37,7 @@ class TrainConfig:
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, off on CPU
     channels_last: bool = False
     compile: bool = False
+    label_smoothing: float = 0.0  # training loss only; evaluation reports plain cross entropy
 
 
 @dataclass
@@ -48,14 +49,23 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
+    # > 0: optim.lr is the rate for a global batch of this size and scales linearly with
+    # train.batch_size (the linear scaling rule); the global batch, not the GPU count, decides.
+    lr_reference_batch: int = 0
+    decay_norm_bias: bool = False  # also apply weight decay to norm weights and biases
 
 
 @dataclass
 class SchedConfig:
-    name: Literal["cosine", "step", "constant"] = "cosine"
+    """Counted in optimizer steps; the *_epochs forms are converted with the steps per epoch."""
+
+    name: Literal["cosine", "linear", "step", "constant"] = "cosine"
     warmup_steps: int = 0
-    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of optim.lr
+    warmup_epochs: float = 0.0  # alternative to warmup_steps
+    warmup_start: float = 0.0  # lr factor at the first step of warmup (torchvision: 0.01)
+    min_lr_ratio: float = 0.0  # cosine/linear floor, as a fraction of optim.lr
     milestones: list[int] = field(default_factory=list)  # step schedule, in optimizer steps
+    milestone_epochs: list[float] = field(default_factory=list)  # alternative to milestones
     gamma: float = 0.1
 
 
@@ -74,6 +84,26 @@ class LoaderConfig:
 class EvalConfig:
     every_epochs: int = 1
     batch_size: int = 256  # per process
+    hflip_tta: bool = False  # average the logits of each image and its mirror
+
+
+@dataclass
+class MixConfig:
+    """MixUp/CutMix on training batches (torchvision.transforms.v2), one of them per micro
+    batch when both are on; partners and lambda are a function of (seed, epoch, position)."""
+
+    mixup_alpha: float = 0.0  # 0: off
+    cutmix_alpha: float = 0.0  # 0: off
+
+
+@dataclass
+class EmaConfig:
+    """An exponential moving average of the weights (torch.optim.swa_utils.AveragedModel),
+    evaluated beside the model and kept in checkpoints."""
+
+    decay: float = 0.0  # per update; 0: off
+    every_steps: int = 1  # update after every this many optimizer steps
+    warmup_steps: int = 0  # before this step the average just copies the weights
 
 
 @dataclass
@@ -135,6 +165,8 @@ ENGINE_SECTIONS: dict[str, type] = {
     "sched": SchedConfig,
     "loader": LoaderConfig,
     "eval": EvalConfig,
+    "mix": MixConfig,
+    "ema": EmaConfig,
     "ckpt": CheckpointConfig,
     "log": LogConfig,
     "dist": DistConfig,
@@ -151,6 +183,7 @@ class Config:
     device: str  # auto | cpu | cuda
     resume: str  # auto | none | path to a checkpoint file
     sections: dict[str, Any]  # section name -> dataclass instance
+    variant: str = ""  # the recipe's named config layered on config.yaml ("" for none)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -160,7 +193,7 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         top = {"seed": self.seed, "deterministic": self.deterministic, "device": self.device}
-        top["resume"] = self.resume
+        top |= {"resume": self.resume, "variant": self.variant}
         return top | {k: dataclasses.asdict(v) for k, v in self.sections.items()}
 
 
@@ -193,6 +226,8 @@ def _check_type(path: str, value: Any, annotation: Any) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _check_type(path, value, inner)
+    if dataclasses.is_dataclass(annotation):  # a nested section, e.g. data.augment
+        return build_section(path, annotation, value)
     if origin is list:
         (item,) = typing.get_args(annotation)
         if not isinstance(value, list):
@@ -268,26 +303,44 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def description(path: Path) -> str:
+    """The first comment line of a config file: what it trains, in one line."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+        if line.strip():
+            break
+    return ""
+
+
 def resolve(
     recipe: str,
     recipe_yaml: dict[str, Any],
     overrides: typing.Sequence[str],
     recipe_sections: dict[str, type],
+    variant: str = "",
+    variant_yaml: dict[str, Any] | None = None,
 ) -> Config:
-    """Layer defaults < recipe_yaml < overrides and validate every key and type."""
-    merged = _merge(recipe_yaml, parse_overrides(overrides))
+    """Layer defaults < recipe_yaml < variant_yaml < overrides; validate every key and type."""
+    merged = _merge(_merge(recipe_yaml, variant_yaml or {}), parse_overrides(overrides))
     section_types = ENGINE_SECTIONS | recipe_sections
-    valid = list(TOP_LEVEL) + list(section_types)
+    valid = [*TOP_LEVEL, "variant", *section_types]
     top = dict(TOP_LEVEL)
     sections = {}
     for key, value in merged.items():
-        if key in TOP_LEVEL:
+        if key == "variant":  # recorded in resolved configs; chosen only by name
+            if (value or "") != variant:
+                raise ConfigError(
+                    f"variant={value!r}: a variant is chosen by name (CONFIG=NAME, --config NAME), "
+                    "not set as a key"
+                )
+        elif key in TOP_LEVEL:
             top[key] = _check_type(key, value, TOP_TYPES[key])
         elif key not in section_types:
             raise ConfigError(f"unknown config key '{key}'{_closest(key, valid)}")
     for name, cls in section_types.items():
         sections[name] = build_section(name, cls, merged.get(name) or {})
-    cfg = Config(recipe=recipe, sections=sections, **top)
+    cfg = Config(recipe=recipe, sections=sections, variant=variant, **top)
     validate(cfg)
     return cfg
 
@@ -311,6 +364,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"loader.num_workers must be >= 0, got {cfg.loader.num_workers}")
     if cfg.log.every_steps < 1:
         raise ConfigError(f"log.every_steps must be >= 1, got {cfg.log.every_steps}")
+    if not 0 <= cfg.train.label_smoothing < 1:
+        raise ConfigError(
+            f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}"
+        )
+    if cfg.mix.mixup_alpha < 0 or cfg.mix.cutmix_alpha < 0:
+        raise ConfigError("mix.mixup_alpha and mix.cutmix_alpha must be >= 0 (0 turns one off)")
+    if not 0 <= cfg.ema.decay < 1 or cfg.ema.every_steps < 1:
+        raise ConfigError("ema.decay must be in [0, 1) (0: off) and ema.every_steps >= 1")
+    sched = cfg.sched
+    if sched.warmup_steps and sched.warmup_epochs or sched.milestones and sched.milestone_epochs:
+        raise ConfigError("sched: give warmup (or milestones) in steps or in epochs, not both")
     if any(ch in cfg.run.name for ch in "/\\") or cfg.run.name in (".", ".."):
         raise ConfigError(f"run.name '{cfg.run.name}' must be a plain name, not a path")
 

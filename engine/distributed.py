@@ -165,6 +165,27 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def main_first(build):
+    """build() on rank 0 first, then on the others (which reuse what rank 0 cached, e.g. a
+    file index). A user error on rank 0 reaches every rank at once instead of leaving them
+    waiting at a barrier until the timeout."""
+    if not dist.is_initialized():
+        return build()
+    if dist.get_rank() == 0:
+        try:
+            result, error = build(), None
+        except ConfigError as err:
+            result, error = None, err
+        broadcast_object(str(error) if error else None)
+        if error:
+            raise error
+        return result
+    error = broadcast_object(None)
+    if error:
+        raise ConfigError(error)
+    return build()
+
+
 def broadcast_object(obj, src: int = 0):
     if not dist.is_initialized():
         return obj

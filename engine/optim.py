@@ -3,6 +3,7 @@ trains the same on 1 or 64 processes (the global batch is fixed in the config)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -11,31 +12,62 @@ from torch import nn
 from engine.config import OptimConfig, SchedConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    # No weight decay on biases and normalization weights (1-d parameters).
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
-    rest = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": rest, "weight_decay": 0.0},
+def base_lr(cfg: OptimConfig, batch_size: int) -> float:
+    """optim.lr, scaled linearly with the global batch when lr_reference_batch is set."""
+    return cfg.lr * batch_size / cfg.lr_reference_batch if cfg.lr_reference_batch else cfg.lr
+
+
+def param_groups(model: nn.Module, cfg: OptimConfig, lr: float) -> list[dict]:
+    """By default no weight decay on biases and normalization weights (1-d parameters).
+
+    A model may mark a parameter with an `lr_scale` attribute (airbench's fast BN biases):
+    it gets lr * lr_scale and weight_decay / lr_scale, so the decay per step is unchanged."""
+    groups: dict[tuple[bool, float], list] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            decays = cfg.decay_norm_bias or p.ndim > 1
+            groups.setdefault((decays, getattr(p, "lr_scale", 1.0)), []).append(p)
+    return [
+        {"params": params, "lr": lr * scale, "weight_decay": cfg.weight_decay / scale * decays}
+        for (decays, scale), params in sorted(
+            groups.items(), key=lambda kv: (not kv[0][0], kv[0][1])
+        )
     ]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, batch_size: int) -> torch.optim.Optimizer:
+    lr = base_lr(cfg, batch_size)
+    groups = param_groups(model, cfg, lr)
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def in_steps(cfg: SchedConfig, steps_per_epoch: int) -> SchedConfig:
+    """The schedule with warmup and milestones given in epochs converted to optimizer steps."""
+    return dataclasses.replace(
+        cfg,
+        warmup_steps=cfg.warmup_steps or round(cfg.warmup_epochs * steps_per_epoch),
+        warmup_epochs=0.0,
+        milestones=cfg.milestones or [round(e * steps_per_epoch) for e in cfg.milestone_epochs],
+        milestone_epochs=[],
+    )
 
 
 def lr_factor(step: int, total: int, cfg: SchedConfig) -> float:
-    """Multiplier of optim.lr at optimizer step `step` (0-based) of `total`."""
+    """Multiplier of the base lr at optimizer step `step` (0-based) of `total`."""
     if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
+        return cfg.warmup_start + (1 - cfg.warmup_start) * (step + 1) / cfg.warmup_steps
     if cfg.name == "constant":
         return 1.0
     if cfg.name == "step":
         return cfg.gamma ** sum(step >= m for m in cfg.milestones)
     span = max(1, total - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    shape = 1 - progress if cfg.name == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def build_scheduler(opt: torch.optim.Optimizer, total: int, cfg: SchedConfig):
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, cfg))
+def build_scheduler(opt: torch.optim.Optimizer, total: int, cfg: SchedConfig, steps_per_epoch: int):
+    steps = in_steps(cfg, steps_per_epoch)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, steps))

@@ -1,6 +1,15 @@
 """The recipe interface. A recipe is single-device code: a model builder and a dataset
 builder, each with a config dataclass of its own. It never touches torch.distributed,
-W&B, SLURM or the environment."""
+W&B, SLURM or the environment.
+
+A recipe folder holds `config.yaml` and may hold named variants (`v2.yaml`, `fast.yaml`)
+layered on it. The first comment line of each file describes it in one line.
+
+Fields the engine reads by name when a recipe's config has them:
+  data.root         where the files are; "" resolves to $RECIPES_DATA/<recipe>, else
+                    data/<recipe> in the checkout (resolved before the recipe sees it)
+  data.skip_bad     replace (deterministically) and count samples whose file cannot be read
+  model.num_classes 0 follows the training data (`len(train_dataset.classes)`)"""
 
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ from torch.utils.data import Dataset
 from engine.config import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+REPO = RECIPES_DIR.parent
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,9 @@ class Recipe:
     data_config: type
     build_datasets: Callable[..., tuple[Dataset, Dataset]]  # (train, held-out eval)
     loss: Callable | None = None  # default: cross entropy
+    # Data-dependent initialisation (model, training dataset), e.g. whitening filters from
+    # the images; deterministic, so every rank computes the same weights.
+    prepare: Callable[[nn.Module, Dataset], None] | None = None
 
 
 def available() -> list[str]:
@@ -35,6 +48,27 @@ def config_path(name: str) -> Path:
     if not name.isidentifier() or not path.exists():
         raise ConfigError(f"unknown recipe '{name}'; available: {', '.join(available())}")
     return path
+
+
+def variants(name: str) -> list[str]:
+    """The recipe's named configs besides config.yaml, sorted."""
+    folder = config_path(name).parent
+    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "config")
+
+
+def variant_path(name: str, variant: str) -> Path:
+    known = variants(name)
+    if variant not in known:
+        have = ", ".join(known) if known else "none (only config.yaml)"
+        raise ConfigError(f"recipe '{name}' has no variant '{variant}'; available: {have}")
+    return RECIPES_DIR / name / f"{variant}.yaml"
+
+
+def default_data_root(name: str, recipes_data: str | None) -> str:
+    """$RECIPES_DATA/<recipe> (the container sets RECIPES_DATA=/data), else data/<recipe>
+    in the checkout, where launch mounts the host's data folder."""
+    base = Path(recipes_data) if recipes_data else REPO / "data"
+    return str(base / name)
 
 
 def load(name: str) -> Recipe:

@@ -34,10 +34,11 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
         raise SystemExit(code)
 
 
-def spawn_local(n: int, recipe: str, overrides: list[str], run_name: str) -> int:
-    """The parent picks the run name and port so every child agrees on them."""
+def spawn_local(n: int, head: list[str], overrides: list[str], run_name: str) -> int:
+    """The parent picks the run name and port so every child agrees on them. `head` is the
+    recipe and its variant option, as given."""
     argv = [
-        recipe,
+        *head,
         *[o for o in overrides if not o.startswith("run.name=")],
         f"run.name={run_name}",
     ]

@@ -6,6 +6,7 @@ preemption signal with a checkpoint saved (rerun the same command to resume)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -23,8 +24,10 @@ from engine import distributed as D
 from engine import preempt
 from engine import recipe as R
 from engine.data.loaders import eval_loader, train_loader
-from engine.optim import build_optimizer, build_scheduler
+from engine.data.mix import BatchMix, build_mix
 from engine.data.sampler import GlobalBatchSampler, plan_batches
+from engine.ema import build_ema, ema_state, load_ema_state, update_ema
+from engine.optim import build_optimizer, build_scheduler
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
 from engine.tracking import NullTracker, Progress, Tracker, environment, log, wandb_mode
 
@@ -37,6 +40,7 @@ class State:
     step: int = 0  # optimizer steps done
     position: int = 0  # global samples consumed in the current epoch
     last_eval: dict = field(default_factory=dict)
+    bad_samples: int = 0  # unreadable files replaced so far, summed over ranks (data.skip_bad)
 
 
 @dataclass
@@ -54,21 +58,33 @@ class Run:
     loader: torch.utils.data.DataLoader  # built once, so persistent workers persist
     train_data: torch.utils.data.Dataset
     eval_data: torch.utils.data.Dataset
-    loss_fn: object
+    loss_fn: object  # training loss (label smoothing, soft targets from mix)
+    eval_loss_fn: object
     total_steps: int
     amp_dtype: torch.dtype | None
     tracker: Tracker | NullTracker
     state: State
+    ema: torch.optim.swa_utils.AveragedModel | None = None
+    mix: BatchMix | None = None
+    skip_bad: bool = False
+    pending_bad: int = 0  # this rank's replaced samples not yet summed into state.bad_samples
 
 
 # ---------------------------------------------------------------- configuration
 
 
-def load_config(recipe_name: str, overrides: list[str]) -> tuple[C.Config, R.Recipe]:
+def load_config(
+    recipe_name: str, overrides: list[str], variant: str = ""
+) -> tuple[C.Config, R.Recipe]:
+    """engine defaults < config.yaml < the variant's yaml < overrides; data.root resolved."""
     recipe_yaml = C.read_yaml(R.config_path(recipe_name))
+    variant_yaml = C.read_yaml(R.variant_path(recipe_name, variant)) if variant else {}
     recipe = R.load(recipe_name)
     sections = {"model": recipe.model_config, "data": recipe.data_config}
-    return C.resolve(recipe_name, recipe_yaml, overrides, sections), recipe
+    cfg = C.resolve(recipe_name, recipe_yaml, overrides, sections, variant, variant_yaml)
+    if getattr(cfg.data, "root", None) == "":
+        cfg.data.root = R.default_data_root(recipe_name, os.environ.get("RECIPES_DATA"))
+    return cfg, recipe
 
 
 def new_run_name(recipe: str) -> str:
@@ -122,15 +138,42 @@ def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:
     return path, ckpt.load(path)
 
 
+def build_datasets(cfg: C.Config, recipe: R.Recipe):
+    """Rank 0 first (it scans and caches file indexes; the others then read them), and the
+    model's class count from the data when model.num_classes is 0."""
+    train_data, eval_data = D.main_first(lambda: recipe.build_datasets(cfg.data))
+    if getattr(cfg.model, "num_classes", None) == 0:
+        classes = getattr(train_data, "classes", None)
+        if not classes:
+            raise C.ConfigError(
+                "model.num_classes=0 follows the data, but this training set lists no "
+                "classes; set model.num_classes"
+            )
+        cfg.model.num_classes = len(classes)
+    return train_data, eval_data
+
+
+def losses(cfg: C.Config, recipe: R.Recipe):
+    """(training loss, evaluation loss): label smoothing in training only."""
+    if recipe.loss:
+        return recipe.loss, recipe.loss
+    smoothing = cfg.train.label_smoothing
+    train = functools.partial(F.cross_entropy, label_smoothing=smoothing) if smoothing else None
+    return train or F.cross_entropy, F.cross_entropy
+
+
 def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device) -> Run:
     run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
     mode = "off" if not denv.is_main else wandb_mode(cfg.log)
     plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
     seed_process(cfg.seed, denv.rank)
-    train_data, eval_data = recipe.build_datasets(cfg.data)
+    train_data, eval_data = build_datasets(cfg, recipe)
     model = recipe.build_model(cfg.model)
+    if recipe.prepare:
+        recipe.prepare(model, train_data)
     sampler = GlobalBatchSampler(len(train_data), plan, denv.rank, cfg.seed)
     total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
+    skip_bad = bool(getattr(cfg.data, "skip_bad", False))
 
     source = resume_source(cfg, run_dir)
     if source:
@@ -138,14 +181,17 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.to(device)
+    ema = build_ema(model, cfg.ema)
     wrapped = wrap_model(model, cfg, denv, device)
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, total, cfg.sched)
+    optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size)
+    scheduler = build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch)
     dtype = amp_dtype(cfg.train.amp, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     state = State()
     if source:
         state = restore(source, optimizer, scheduler, scaler, denv, cfg.seed)
+        if ema is not None:
+            load_ema_state(ema, source[1]["ema"])
         if denv.is_main:
             log(f"resuming from {source[0]} (epoch {state.epoch}, step {state.step})")
 
@@ -158,6 +204,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     if denv.is_main:
         env = environment(denv.world_size, hosts, device)
         (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    train_loss, eval_loss = losses(cfg, recipe)
     return Run(
         cfg,
         denv,
@@ -169,14 +216,18 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         scheduler,
         scaler,
         sampler,
-        train_loader(train_data, sampler, cfg.loader, device),
+        train_loader(train_data, sampler, cfg.loader, device, skip_bad),
         train_data,
         eval_data,
-        recipe.loss or F.cross_entropy,
+        train_loss,
+        eval_loss,
         total,
         dtype,
         tracker,
         state,
+        ema=ema,
+        mix=build_mix(cfg.mix, getattr(cfg.model, "num_classes", None), cfg.seed),
+        skip_bad=skip_bad,
     )
 
 
@@ -189,7 +240,13 @@ def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) ->
         set_rng_state(saved["rng"][denv.rank])
     else:  # a different world size: fresh per-rank streams, still a function of the step
         seed_process(derive_seed(seed, saved["step"]), denv.rank)
-    return State(saved["epoch"], saved["step"], saved["position"], saved.get("last_eval", {}))
+    return State(
+        saved["epoch"],
+        saved["step"],
+        saved["position"],
+        saved.get("last_eval", {}),
+        saved.get("bad_samples", 0),
+    )
 
 
 # ---------------------------------------------------------------- checkpoint, evaluation
@@ -198,6 +255,7 @@ def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) ->
 def save_checkpoint(run: Run) -> None:
     """A collective: every rank contributes its RNG state; rank 0 writes."""
     rngs = D.gather_objects(rng_state())
+    flush_bad_count(run)
     if run.denv.is_main:
         st = run.state
         folder = run.run_dir / "checkpoints"
@@ -212,17 +270,38 @@ def save_checkpoint(run: Run) -> None:
             "world_size": run.denv.world_size,
             "rng": rngs,
             "last_eval": st.last_eval,
+            "bad_samples": st.bad_samples,
         }
+        if run.ema is not None:
+            payload["ema"] = ema_state(run.ema)
         ckpt.atomic_save(payload, ckpt.checkpoint_path(folder, st.step))
         ckpt.prune(folder, run.cfg.ckpt.keep)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # nobody leaves before the file is complete
 
 
+def flush_bad_count(run: Run) -> None:
+    """Sum the ranks' replaced-sample counts into the state (a collective with skip_bad)."""
+    if not run.skip_bad:
+        return
+    pending = torch.tensor([float(run.pending_bad)], device=run.device)
+    run.state.bad_samples += int(D.all_reduce_sum(pending).item())
+    run.pending_bad = 0
+
+
+def predict(run: Run, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with autocast(run):
+        logits = model(x)
+        if run.cfg.eval.hflip_tta:  # the mirror image is as likely; average both views
+            logits = (logits + model(x.flip(-1))) / 2
+    return logits.float()
+
+
 @torch.no_grad()
-def evaluate(run: Run) -> dict:
-    """Each held-out sample exactly once across ranks; sums reduced over ranks."""
-    model, device = run.bare, run.device
+def evaluate(run: Run, model: nn.Module) -> dict:
+    """Each held-out sample exactly once across ranks; sums reduced over ranks. A file that
+    could not be read (data.skip_bad) is left out of the sums and counted as skipped."""
+    device = run.device
     was_training = model.training
     model.eval()
     loader = eval_loader(
@@ -232,27 +311,27 @@ def evaluate(run: Run) -> dict:
         run.denv.world_size,
         run.cfg.loader,
         device,
+        run.skip_bad,
     )
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
-    for x, y in loader:
-        x, y = to_device(x, y, run)
-        with autocast(run):
-            logits = model(x)
-        loss = run.loss_fn(logits.float(), y, reduction="sum")
+    totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss top1 top5 count skipped
+    for batch in loader:
+        x, y = to_device(batch.x, batch.y, run)
+        keep = (batch.replaced == 0).to(device)
+        logits = predict(run, model, x)
+        loss = run.eval_loss_fn(logits, y, reduction="none")[keep].sum()
         k = min(5, logits.shape[-1])
-        hits = logits.topk(k, dim=-1).indices == y[:, None]
-        totals += torch.stack([loss.double(), hits[:, 0].sum(), hits.sum(), torch.tensor(len(y))])
+        hits = (logits.topk(k, dim=-1).indices == y[:, None])[keep]
+        kept = keep.sum()
+        totals += torch.stack([loss.double(), hits[:, 0].sum(), hits.sum(), kept, len(y) - kept])
     D.all_reduce_sum(totals)
-    loss_sum, top1, top5, count = totals.tolist()
-    if int(count) != len(run.eval_data):
+    loss_sum, top1, top5, count, skipped = totals.tolist()
+    if int(count + skipped) != len(run.eval_data):
         raise RuntimeError(f"evaluated {int(count)} samples, expected {len(run.eval_data)}")
     model.train(was_training)
-    return {
-        "loss": loss_sum / count,
-        "top1": top1 / count,
-        "top5": top5 / count,
-        "count": int(count),
-    }
+    count = max(count, 1)
+    result = {"loss": loss_sum / count, "top1": top1 / count, "top5": top5 / count}
+    result["count"] = int(count)
+    return result | ({"skipped": int(skipped)} if run.skip_bad else {})
 
 
 # ---------------------------------------------------------------- the loop
@@ -271,12 +350,20 @@ def to_device(x: torch.Tensor, y: torch.Tensor, run: Run):
     return x, y.to(run.device, non_blocking=True)
 
 
+def micro_position(run: Run, j: int) -> int:
+    """The epoch position of micro batch j's first sample: the same for any world size."""
+    plan = run.sampler.plan
+    return run.state.position + run.denv.rank * plan.per_rank + j * plan.micro_batch
+
+
 def train_step(run: Run, micro_batches: list) -> torch.Tensor:
     """One optimizer step over this rank's micro batches; returns the summed loss (detached)."""
     accum = len(micro_batches)
     total = torch.zeros((), device=run.device)
-    for j, (x, y, _) in enumerate(micro_batches):
-        x, y = to_device(x, y, run)
+    for j, batch in enumerate(micro_batches):
+        x, y = to_device(batch.x, batch.y, run)
+        if run.mix is not None:
+            x, y = run.mix(x, y, run.state.epoch, micro_position(run, j))
         last = j == accum - 1
         sync = (
             contextlib.nullcontext()
@@ -295,6 +382,7 @@ def train_step(run: Run, micro_batches: list) -> torch.Tensor:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
+    update_ema(run.ema, run.bare, run.state.step + 1, run.cfg.ema)
     return total
 
 
@@ -315,6 +403,7 @@ class Meter:
         loss = D.all_reduce_sum(self.loss.detach().clone().reshape(1)).item() / run.denv.world_size
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         st = run.state
+        flush_bad_count(run)
         rec = {
             "kind": "train",
             "step": st.step,
@@ -324,6 +413,8 @@ class Meter:
             "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,
         }
+        if run.skip_bad:
+            rec["bad_samples"] = st.bad_samples
         self.reset()
         return rec
 
@@ -341,6 +432,8 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
         meter.wait += time.perf_counter() - waited
         if cfg.log.sample_ids:
             write_sample_ids(run, micro)
+        if run.skip_bad:
+            run.pending_bad += sum(int(b.replaced.sum()) for b in micro)
         meter.loss += train_step(run, micro)
         st.step += 1
         st.position += plan.global_batch
@@ -386,7 +479,7 @@ def stop_reason(run: Run) -> str | None:
 
 
 def write_sample_ids(run: Run, micro: list) -> None:
-    ids = torch.cat([idx for _, _, idx in micro]).tolist()
+    ids = torch.cat([b.index for b in micro]).tolist()
     gathered = D.gather_objects(ids)
     if run.denv.is_main:
         with (run.run_dir / "samples.jsonl").open("a") as f:
@@ -421,13 +514,19 @@ def end_epoch(run: Run, progress: Progress) -> None:
 
 
 def run_eval(run: Run, progress: Progress) -> dict:
-    result = evaluate(run)
+    result = evaluate(run, run.bare)
+    if run.ema is not None:
+        averaged = evaluate(run, run.ema.module)
+        result |= {f"ema_{k}": averaged[k] for k in ("loss", "top1", "top5")}
     record = {"kind": "eval", "step": run.state.step, "epoch": run.state.epoch} | result
     run.tracker.write(record)
-    progress.message(
+    text = (
         f"eval epoch {record['epoch']} step {record['step']}: loss {result['loss']:.4f} "
         f"top1 {100 * result['top1']:.2f}% top5 {100 * result['top5']:.2f}%"
     )
+    if run.ema is not None:
+        text += f", EMA top1 {100 * result['ema_top1']:.2f}%"
+    progress.message(text)
     return record
 
 
@@ -446,6 +545,7 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
         cfg.run.name = name
         run = setup(cfg, recipe, denv, device)
         reason = fit(run)
+        flush_bad_count(run)
         if denv.is_main:
             finish(run, reason, time.perf_counter() - started)
         run.tracker.close()
@@ -472,6 +572,10 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         "epochs": st.epoch,
         "world_size": run.denv.world_size,
     }
+    summary |= {k: ev[k] for k in ("ema_top1", "ema_top5", "ema_loss") if k in ev}
+    if run.skip_bad:
+        summary["bad_samples"] = st.bad_samples
+        log(f"skipped {st.bad_samples} unreadable training samples (data.skip_bad)")
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log(
         f"{run.cfg.recipe}: top1 {100 * ev['top1']:.2f}% top5 {100 * ev['top5']:.2f}% "
@@ -479,40 +583,61 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
     )
 
 
-def parse_argv(argv: list[str]) -> tuple[str, list[str], int]:
-    usage = "usage: python -m engine.train RECIPE [key=value ...] [--spawn N]"
-    args, spawn = list(argv), 0
-    if "--spawn" in args:
-        i = args.index("--spawn")
-        try:
-            spawn = int(args[i + 1])
-        except (IndexError, ValueError):
-            raise C.ConfigError(f"--spawn needs a process count; {usage}") from None
-        del args[i : i + 2]
+USAGE = "usage: python -m engine.train RECIPE [--config VARIANT] [key=value ...] [--spawn N]"
+
+
+def _take_option(args: list[str], flag: str) -> str | None:
+    """Remove `flag VALUE` from args and return VALUE (None when the flag is absent)."""
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    if i + 1 >= len(args) or args[i + 1].startswith("-"):
+        raise C.ConfigError(f"{flag} needs a value; {USAGE}")
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
+def parse_argv(argv: list[str]) -> tuple[str, str, list[str], int]:
+    """(recipe, variant, overrides, spawn count)."""
+    args = list(argv)
+    spawn_text = _take_option(args, "--spawn")
+    variant = _take_option(args, "--config") or ""
+    try:
+        spawn = int(spawn_text or 0)
+    except ValueError:
+        raise C.ConfigError(f"--spawn needs a process count; {USAGE}") from None
     if not args or args[0].startswith("-") or "=" in args[0]:
-        raise C.ConfigError(f"no recipe given (available: {', '.join(R.available())}); {usage}")
-    return args[0], args[1:], spawn
+        raise C.ConfigError(f"no recipe given (available: {', '.join(R.available())}); {USAGE}")
+    return args[0], variant, args[1:], spawn
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        recipe_name, overrides, spawn = parse_argv(argv)
-        cfg, recipe = load_config(recipe_name, overrides)
+        recipe_name, variant, overrides, spawn = parse_argv(argv)
+        cfg, recipe = load_config(recipe_name, overrides, variant)
         denv = D.read_env()  # a half-set environment is a user error too
         preflight(cfg, spawn if spawn > 1 else denv.world_size)
         if spawn > 1:
             from engine.spawn import spawn_local
 
-            return spawn_local(
-                spawn, recipe_name, overrides, cfg.run.name or new_run_name(recipe_name)
-            )
+            head = [recipe_name, *(["--config", variant] if variant else [])]
+            return spawn_local(spawn, head, overrides, cfg.run.name or new_run_name(recipe_name))
         preempt.install_handlers()
         return train(cfg, recipe)
     except C.ConfigError as err:
         if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-            print(f"error: {err}", file=sys.stderr)  # every rank fails alike; one says why
+            print(f"error: {one_line(err)}", file=sys.stderr)  # every rank fails alike; one says
         return 2
+
+
+def one_line(err: Exception) -> str:
+    """The message itself: an error raised in a DataLoader worker arrives wrapped in the
+    worker's traceback text, whose last line is `module.Type: message`."""
+    last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    prefix = f"{type(err).__module__}.{type(err).__name__}: "
+    return last.removeprefix(prefix).removeprefix(f"{type(err).__name__}: ")
 
 
 def preflight(cfg: C.Config, world_size: int) -> None:

@@ -5,7 +5,7 @@ from the recipe's config.yaml (`slurm:` and `run.root`), else from a default. Ba
 one line on stderr that names the problem and the fix, and exit code 2.
 
 Environment (all optional):
-  RECIPE (digits)  GPUS (1 if a GPU is visible, else 0)  NODES (1)  PROCS (1)  ARGS
+  RECIPE (digits)  CONFIG (a variant of the recipe, e.g. v2: recipes/<recipe>/v2.yaml)  GPUS (1 if a GPU is visible, else 0)  NODES (1)  PROCS (1)  ARGS
   IMAGE (recipes:<git short sha>)  SIF (recipes.sif)  DRY_RUN (1: print, don't run)  SEEDS (3)
   TARGET (local; train: local|docker|pyxis|apptainer, sweep: local|submit)
   RDZV_ENDPOINT (HOST:PORT of the first node; required when NODES > 1 outside SLURM)
@@ -33,13 +33,23 @@ from typing import NoReturn
 
 import yaml
 
-from engine.config import ConfigError, SlurmConfig, build_section
+from engine.config import ConfigError, SlurmConfig, build_section, description
 from launch import render
 from launch.errors import UserError
 from launch.render import Request, Slurm
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("train", "dry-run", "submit", "sweep", "docker-train", "image", "sif", "render")
+COMMANDS = (
+    "train",
+    "dry-run",
+    "submit",
+    "sweep",
+    "docker-train",
+    "image",
+    "sif",
+    "render",
+    "recipes",
+)
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
 OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
@@ -76,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")
+    p.add_argument("--config", help="the recipe's variant, e.g. v2 (env CONFIG; `recipes` lists)")
     p.add_argument("--gpus", help="GPUs per node, 0 = CPU (env GPUS, default: auto)")
     p.add_argument("--nodes", help="nodes (env NODES, default 1)")
     p.add_argument("--procs", help="processes per node when GPUS=0 (env PROCS, default 1)")
@@ -153,11 +164,36 @@ def available_recipes(env: Mapping[str, str]) -> list[str]:
     return sorted(p.parent.name for p in folder.glob("*/config.yaml"))
 
 
-def load_recipe_config(recipe: str, env: Mapping[str, str]) -> dict:
+def recipe_variants(recipe: str, env: Mapping[str, str]) -> list[str]:
+    folder = recipes_dir(env) / recipe
+    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "config")
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
+
+
+def load_recipe_config(recipe: str, env: Mapping[str, str], variant: str = "") -> dict:
+    """config.yaml with the variant's file layered on it, as the engine layers them."""
     path = recipes_dir(env) / recipe / "config.yaml"
     if not RECIPE_NAME.fullmatch(recipe) or not path.is_file():
         names = ", ".join(available_recipes(env)) or "none"
         raise UserError(f"unknown recipe {recipe!r}; available: {names} (set RECIPE=NAME)")
+    config = _read_config(path)
+    if not variant:
+        return config
+    known = recipe_variants(recipe, env)
+    if variant not in known:
+        have = ", ".join(known) or "none (only config.yaml)"
+        raise UserError(f"recipe {recipe!r} has no variant {variant!r}; available: {have}")
+    return _merge(config, _read_config(path.with_name(f"{variant}.yaml")))
+
+
+def _read_config(path: Path) -> dict:
     try:
         config = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -188,10 +224,11 @@ def override_value(overrides: tuple[str, ...], key: str) -> str | None:
     return values[-1] if values else None
 
 
-def new_run_name(recipe: str) -> str:
-    """A new name per launch: time stamp, recipe, and a random suffix (two launches in the
-    same second never share a run directory)."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{recipe}-{secrets.token_hex(2)}"
+def new_run_name(recipe: str, variant: str = "") -> str:
+    """A new name per launch: time stamp, recipe (and variant), and a random suffix (two
+    launches in the same second never share a run directory)."""
+    what = f"{recipe}-{variant}" if variant else recipe
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-{secrets.token_hex(2)}"
 
 
 def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict) -> Slurm:
@@ -242,7 +279,8 @@ def default_image(src: Path) -> str:
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
     recipe = args.recipe or env.get("RECIPE") or "digits"
-    config = load_recipe_config(recipe, env)
+    variant = args.config or env.get("CONFIG") or ""
+    config = load_recipe_config(recipe, env, variant)
     overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
 
     picked = _pick(args.gpus, "--gpus", env, "GPUS")
@@ -284,7 +322,8 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         image = default_image(ROOT)
     return Request(
         recipe=recipe,
-        run_name=name or new_run_name(recipe),
+        run_name=name or new_run_name(recipe, variant),
+        variant=variant,
         gpus=gpus,
         nodes=nodes,
         procs=procs,
@@ -394,6 +433,20 @@ def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return sweep.main(args, env)
 
 
+def cmd_recipes(env: Mapping[str, str]) -> int:
+    """Each recipe with its configs and what they train, ready to copy as RECIPE/CONFIG."""
+    names = available_recipes(env)
+    if not names:
+        raise UserError(f"no recipes under {recipes_dir(env)}")
+    for recipe in names:
+        folder = recipes_dir(env) / recipe
+        print(f"{recipe:<10} {'':<8} {description(folder / 'config.yaml')}")
+        for variant in recipe_variants(recipe, env):
+            print(f"{'':<10} {variant:<8} {description(folder / f'{variant}.yaml')}")
+    print("\nUse: make train RECIPE=NAME [CONFIG=VARIANT], or python -m launch train --recipe NAME")
+    return 0
+
+
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     try:
@@ -402,6 +455,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             return cmd_submit(args, env)
         if args.command == "sweep":
             return cmd_sweep(args, env)
+        if args.command == "recipes":
+            return cmd_recipes(env)
         return cmd_run(args, env)
     except UserError as e:
         print(f"launch: {e}", file=sys.stderr)

@@ -43,6 +43,7 @@ class Request:
 
     recipe: str
     run_name: str
+    variant: str = ""  # the recipe's named config (CONFIG=v2): recipes/<recipe>/<variant>.yaml
     gpus: int = 0  # per node; 0 = CPU
     nodes: int = 1
     procs: int = 1  # processes per node when gpus == 0
@@ -80,9 +81,10 @@ def override_keys(overrides: tuple[str, ...]) -> set[str]:
 
 
 def engine_args(req: Request) -> list[str]:
-    """Arguments of `engine.train`: the recipe, what launch adds, then the user's overrides."""
+    """Arguments of `engine.train`: the recipe and its variant, what launch adds, then the
+    user's overrides."""
     keys = override_keys(req.overrides)
-    added = []
+    added = ["--config", req.variant] if req.variant else []
     if req.gpus == 0 and "device" not in keys:
         added.append("device=cpu")
     if "run.name" not in keys:

@@ -1,41 +1,92 @@
 """Loaders around a recipe's datasets. Recipes return datasets; the engine owns order,
-sharding, workers and seeding."""
+sharding, workers, seeding and what happens to a file that cannot be read."""
 
 from __future__ import annotations
 
+import sys
+from typing import Any, NamedTuple
+
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from engine.config import LoaderConfig
-from engine.data.sampler import GlobalBatchSampler, eval_shard
+from engine.data.device import DeviceImages, DeviceLoader
+from engine.data.errors import BadSample, DataError
+from engine.data.sampler import GlobalBatchSampler, eval_batches, eval_shard
 from engine.seeding import derive_seed, seed_sample, worker_init
+
+MAX_REPLACEMENTS = 16  # consecutive unreadable files before a run gives up even with skip_bad
+
+
+class Sample(NamedTuple):
+    """One loaded sample; the default collate turns a list of them into a batch of the same
+    shape. `replaced` is 1 where an unreadable file was replaced (data.skip_bad)."""
+
+    x: Any
+    y: Any
+    index: int
+    replaced: int
 
 
 class SeededSamples(Dataset):
-    """Takes (index, sample seed) keys; returns (input, target, index).
+    """Takes (index, sample seed, epoch) keys; returns Samples.
 
     Seeding per sample makes augmentation independent of which worker loads it. In the main
     process (num_workers=0) torch's RNG state is restored afterwards, so model-side randomness
-    (dropout) is the same whatever the number of workers. With seed_python_numpy, python's and
+    (dropout) is the same whatever the number of workers. With python_numpy, python's and
     numpy's global RNGs are seeded per sample too and left so: the loop does not draw from
-    them, and restoring numpy's state would cost more than loading the sample."""
+    them, and restoring numpy's state would cost more than loading the sample.
 
-    def __init__(self, dataset: Dataset, python_numpy: bool = False):
+    A file that cannot be decoded (BadSample) stops the run with its path, or with skip_bad is
+    replaced by the next readable sample (index + 1, + 2, ...) loaded with the same seed: a
+    deterministic replacement, so resume and world-size invariance still hold."""
+
+    def __init__(self, dataset: Dataset, python_numpy: bool = False, skip_bad: bool = False):
         self.dataset = dataset
         self.python_numpy = python_numpy
+        self.skip_bad = skip_bad
+        self.warned: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _load(self, key: tuple[int, int]):
-        index, sample_seed = key
+    def _read(self, index: int, sample_seed: int):
         seed_sample(sample_seed, self.python_numpy)
-        return (*self.dataset[index], index)
+        return self.dataset[index]
 
-    def __getitem__(self, key: tuple[int, int]):
+    def _load(self, key: tuple[int, int, int]) -> Sample:
+        index, sample_seed, epoch = key
+        if hasattr(self.dataset, "set_epoch"):  # e.g. progressive resizing
+            self.dataset.set_epoch(epoch)
+        try:
+            return Sample(*self._read(index, sample_seed), index, 0)
+        except BadSample as bad:
+            if not self.skip_bad:
+                raise DataError(
+                    f"unreadable sample {bad}; replace or delete the file, or set "
+                    "data.skip_bad=true to skip such files (they are counted)"
+                ) from None
+            self._warn(bad)
+        for k in range(1, MAX_REPLACEMENTS + 1):
+            try:
+                x, y = self._read((index + k) % len(self.dataset), sample_seed)
+                return Sample(x, y, index, 1)
+            except BadSample as bad:
+                self._warn(bad)
+        raise DataError(
+            f"{MAX_REPLACEMENTS + 1} unreadable files in a row after sample {index}; "
+            "the dataset looks damaged: check it before training"
+        )
+
+    def _warn(self, bad: BadSample) -> None:
+        if bad.path not in self.warned:
+            self.warned.add(bad.path)
+            print(f"warning: skipping unreadable {bad} (data.skip_bad)", file=sys.stderr)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> Sample:
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: list[tuple[int, int]]) -> list:
+    def __getitems__(self, keys: list[tuple[int, int, int]]) -> list[Sample]:
         """A whole micro batch at once (the DataLoader calls this when it exists), so the
         caller's RNG state is saved and restored once per batch, not once per sample."""
         if torch.utils.data.get_worker_info() is not None:
@@ -59,11 +110,19 @@ def _worker_options(cfg: LoaderConfig, device: torch.device) -> dict:
 
 
 def train_loader(
-    dataset: Dataset, sampler: GlobalBatchSampler, cfg: LoaderConfig, device: torch.device
-) -> DataLoader:
+    dataset: Dataset,
+    sampler: GlobalBatchSampler,
+    cfg: LoaderConfig,
+    device: torch.device,
+    skip_bad: bool = False,
+):
+    """Micro batches as Samples of tensors. A DeviceImages dataset is gathered and augmented
+    on the device itself; anything else goes through a DataLoader with workers."""
+    if isinstance(dataset, DeviceImages):
+        return DeviceLoader(dataset.to(device), sampler, train=True)
     generator = torch.Generator().manual_seed(derive_seed(sampler.seed, sampler.rank, 0x10AD))
     return DataLoader(
-        SeededSamples(dataset, cfg.seed_python_numpy),
+        SeededSamples(dataset, cfg.seed_python_numpy, skip_bad),
         batch_sampler=sampler,
         generator=generator,
         **_worker_options(cfg, device),
@@ -77,9 +136,14 @@ def eval_loader(
     world_size: int,
     cfg: LoaderConfig,
     device: torch.device,
-) -> DataLoader:
-    shard = Subset(dataset, eval_shard(len(dataset), rank, world_size))
+    skip_bad: bool = False,
+):
+    """This rank's contiguous shard, in order. With skip_bad an unreadable file arrives as a
+    replaced sample, which evaluation leaves out of its sums (and counts)."""
+    batches = eval_batches(eval_shard(len(dataset), rank, world_size), batch_size)
+    if isinstance(dataset, DeviceImages):
+        return DeviceLoader(dataset.to(device), batches, train=False)
     opts = _worker_options(cfg, device) | {"persistent_workers": False}
     if cfg.num_workers == 0:
         opts.pop("persistent_workers")
-    return DataLoader(shard, batch_size=batch_size, shuffle=False, drop_last=False, **opts)
+    return DataLoader(SeededSamples(dataset, skip_bad=skip_bad), batch_sampler=batches, **opts)

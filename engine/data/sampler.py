@@ -53,7 +53,9 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
 
 
 class GlobalBatchSampler(torch.utils.data.Sampler):
-    """Yields this rank's micro batches as lists of (dataset index, sample seed) pairs."""
+    """Yields this rank's micro batches as lists of (dataset index, sample seed, epoch) keys.
+    The epoch travels with each key so that epoch-dependent loading (progressive resizing)
+    works in persistent workers, which never see the sampler."""
 
     def __init__(self, n: int, plan: BatchPlan, rank: int, seed: int):
         if n < plan.global_batch:
@@ -84,7 +86,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
             mine = first + self.rank * plan.per_rank
             for j in range(plan.accum_steps):
                 lo = mine + j * plan.micro_batch
-                yield [(i, (base + i) % 2**63) for i in perm[lo : lo + plan.micro_batch]]
+                yield [
+                    (i, (base + i) % 2**63, self.epoch) for i in perm[lo : lo + plan.micro_batch]
+                ]
+
+
+def eval_batches(shard: range, batch_size: int) -> list[list[tuple[int, int, int]]]:
+    """A shard in order, as keys (index, 0, 0): evaluation is deterministic, unseeded."""
+    return [
+        [(i, 0, 0) for i in shard[k : k + batch_size]] for k in range(0, len(shard), batch_size)
+    ]
 
 
 def eval_shard(n: int, rank: int, world_size: int) -> range:

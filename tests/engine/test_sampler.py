@@ -12,7 +12,7 @@ def global_batches(n, batch, world, micro, seed, epoch, start=0):
     for rank in range(world):
         s = GlobalBatchSampler(n, plan, rank, seed)
         s.set_epoch(epoch, start)
-        micro_batches = [[i for i, _ in mb] for mb in s]
+        micro_batches = [[key[0] for key in mb] for mb in s]
         per_rank.append(
             [
                 sum(micro_batches[k : k + plan.accum_steps], [])
@@ -42,8 +42,8 @@ def test_resume_position_skips_exactly_the_consumed_steps():
 
 def test_sample_seeds_depend_on_seed_epoch_and_index_not_rank():
     plan1, plan2 = plan_batches(8, None, 1), plan_batches(8, None, 2)
-    one = {i: s for mb in GlobalBatchSampler(8, plan1, 0, 5) for i, s in mb}
-    two = {i: s for r in range(2) for mb in GlobalBatchSampler(8, plan2, r, 5) for i, s in mb}
+    one = {i: s for mb in GlobalBatchSampler(8, plan1, 0, 5) for i, s, _ in mb}
+    two = {i: s for r in range(2) for mb in GlobalBatchSampler(8, plan2, r, 5) for i, s, _ in mb}
     assert one == two and len(set(one.values())) == 8
 
 

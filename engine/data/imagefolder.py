@@ -1,0 +1,270 @@
+"""ImageNet's folder layout, `<root>/train/<class>/*.JPEG` and `<root>/val/<class>/*.JPEG`
+(classes are the sorted folder names): a cached index of the files, the layout's one-line
+errors, and a dataset that decodes each file to a uint8 RGB tensor.
+
+Listing 1.28M files takes from seconds (local disk) to minutes (network file systems), so the
+index is cached as JSON and reused while the split's folders are unchanged: adding, removing
+or renaming a file changes its class folder's mtime, adding or removing a class the split's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_image, read_file
+from torchvision.transforms.v2 import functional as F
+
+from engine.data.errors import BadSample, DataError
+
+IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp"}
+CACHE_FORMAT = 1
+# A folder changed less than this before the scan may change again within the same mtime tick
+# (coarse on some file systems) without its mtime showing it; such an index is not cached.
+SETTLE_NS = 2_000_000_000
+GET_IMAGENET = (
+    "get ImageNet from image-net.org, with val/ sorted into class folders "
+    "(e.g. by the valprep.sh script)"
+)
+
+# torchvision 0.29 deprecates its decoders for torchcodec's; the warning would print once per
+# loader worker of every run. decode_image still does the job (see ImageFiles).
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of Torch")
+
+
+@dataclass(frozen=True)
+class FolderIndex:
+    root: str  # the split folder, e.g. <data root>/train
+    classes: list[str]  # sorted class folder names
+    files: list[str]  # "class/name", relative to root, sorted by (class, name)
+    labels: list[int]  # class index per file
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def _class_names(split_dir: Path) -> list[str]:
+    with os.scandir(split_dir) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+
+
+def _image_names(class_dir: Path) -> list[str]:
+    with os.scandir(class_dir) as entries:
+        return sorted(
+            e.name
+            for e in entries
+            if not e.name.startswith(".")
+            and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+            and e.is_file()
+        )
+
+
+def _index(root: str, classes: list[str], names: list[list[str]]) -> FolderIndex:
+    files = [
+        f"{cls}/{name}" for cls, per_class in zip(classes, names, strict=True) for name in per_class
+    ]
+    labels = [label for label, per_class in enumerate(names) for _ in per_class]
+    return FolderIndex(root, classes, files, labels)
+
+
+def scan_split(split_dir: Path) -> FolderIndex:
+    """Lists the split's image files (hidden files and other suffixes left out); no cache."""
+    split_dir = Path(split_dir).resolve()
+    classes = _class_names(split_dir)
+    return _index(str(split_dir), classes, [_image_names(split_dir / c) for c in classes])
+
+
+def default_cache_dir(split_dir: Path) -> Path:
+    """Beside the data when that is writable; data roots are often read-only (shared, mounted
+    from a network store), and then the cache goes to the user's own cache folder."""
+    data_root = Path(split_dir).resolve().parent
+    if os.access(data_root, os.W_OK):
+        return data_root / ".index-cache"
+    return Path.home() / ".cache" / "recipes" / "index"
+
+
+def _cache_file(split_dir: Path, cache_dir: Path) -> Path:
+    key = hashlib.sha256(str(split_dir).encode()).hexdigest()[:16]
+    return cache_dir / f"{split_dir.name}-{key}.json"
+
+
+def _mtimes(split_dir: Path, classes: list[str]) -> tuple[int, list[int]]:
+    return split_dir.stat().st_mtime_ns, [(split_dir / c).stat().st_mtime_ns for c in classes]
+
+
+def _read_cache(path: Path, split_dir: Path) -> FolderIndex | None:
+    """The cached index if it describes split_dir as it is now; None if absent, stale or
+    unreadable (it is then rebuilt)."""
+    try:
+        doc = json.loads(path.read_text())
+        if doc["format"] != CACHE_FORMAT or doc["root"] != str(split_dir):
+            return None
+        if [doc["split_mtime"], doc["class_mtimes"]] != list(_mtimes(split_dir, doc["classes"])):
+            return None
+        return _index(str(split_dir), doc["classes"], doc["names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+_warned_dirs: set[Path] = set()
+
+
+def _write_cache(path: Path, index: FolderIndex, split_mtime: int, class_mtimes: list[int]):
+    names: list[list[str]] = [[] for _ in index.classes]
+    for file, label in zip(index.files, index.labels, strict=True):
+        names[label].append(file.split("/", 1)[1])
+    doc = {
+        "format": CACHE_FORMAT,
+        "root": index.root,
+        "split_mtime": split_mtime,
+        "classes": index.classes,
+        "class_mtimes": class_mtimes,
+        "names": names,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from others sharing the data
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(doc, separators=(",", ":")))
+            os.replace(tmp, path)  # atomic: concurrent ranks never read a half-written file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        if path.parent not in _warned_dirs:
+            _warned_dirs.add(path.parent)
+            warnings.warn(
+                f"cannot write the file index cache in {path.parent} ({err}); every start "
+                "rescans the data: pass a writable cache folder (data.index_cache)",
+                stacklevel=3,
+            )
+
+
+def load_index(split_dir: Path, cache_dir: Path | None = None) -> FolderIndex:
+    """scan_split's index, reused from <cache_dir>/<split>-<hash of its path>.json while the
+    split's folders keep their mtimes. cache_dir None: default_cache_dir(split_dir)."""
+    split_dir = Path(split_dir).resolve()
+    cache_file = _cache_file(split_dir, Path(cache_dir or default_cache_dir(split_dir)))
+    index = _read_cache(cache_file, split_dir)
+    if index is not None:
+        return index
+    started = time.time_ns()
+    index = scan_split(split_dir)
+    # mtimes taken after the scan: if all are older than the scan, it saw the final state
+    split_mtime, class_mtimes = _mtimes(split_dir, index.classes)
+    if max(split_mtime, *class_mtimes) < started - SETTLE_NS:
+        _write_cache(cache_file, index, split_mtime, class_mtimes)
+    return index
+
+
+def check_layout(root: Path) -> None:
+    """The data root, its train/ and val/ and their class folders exist (a few directory
+    listings, no file reads). Empty class folders are found from the index (imagenet_indexes),
+    which has listed them anyway."""
+    root = Path(root)
+    layout = f"{root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG"
+    if not root.is_dir():
+        raise DataError(
+            f"data root {root} not found: put ImageNet there as {layout} ({GET_IMAGENET}), "
+            "or set data.root to where it is"
+        )
+    for split in ("train", "val"):
+        split_dir = root / split
+        if not split_dir.is_dir():
+            raise DataError(f"{split_dir} not found: the data must be laid out as {layout}")
+        if not _class_names(split_dir):
+            raise DataError(
+                f"{split_dir} has no class folders: its images must be in {split_dir}/<class>/ "
+                "(val/ as downloaded is flat: sort it into class folders, e.g. by valprep.sh)"
+            )
+
+
+def _some(names: list[str], k: int = 3) -> str:
+    more = f" and {len(names) - k} more" if len(names) > k else ""
+    return ", ".join(names[:k]) + more
+
+
+def _check_classes(root: Path, train: FolderIndex, val: FolderIndex) -> None:
+    for index in (train, val):
+        counts = np.bincount(index.labels, minlength=len(index.classes))
+        empty = [c for c, n in zip(index.classes, counts, strict=True) if n == 0]
+        if empty:
+            suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
+            others = f" (and {len(empty) - 1} other class folders)" if len(empty) > 1 else ""
+            raise DataError(
+                f"{index.root}/{empty[0]}{others} has no images ({suffixes}): "
+                "add its images or delete the folder"
+            )
+    if train.classes != val.classes:
+        only_train = sorted(set(train.classes) - set(val.classes))
+        only_val = sorted(set(val.classes) - set(train.classes))
+        differ = [
+            f"only in {s}/: {_some(n)}" for s, n in (("train", only_train), ("val", only_val)) if n
+        ]
+        raise DataError(
+            f"{root}/train has {len(train.classes)} classes and {root}/val {len(val.classes)}; "
+            f"{'; '.join(differ)}: both need the same class folders"
+        )
+
+
+def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderIndex, FolderIndex]:
+    """The (train, val) indexes of an ImageNet-layout data root, or a one-line DataError."""
+    root = Path(root)
+    check_layout(root)
+    train, val = load_index(root / "train", cache_dir), load_index(root / "val", cache_dir)
+    _check_classes(root, train, val)
+    return train, val
+
+
+def _reason(err: Exception) -> str:
+    # torchvision's messages start with "function, source.cpp:line, "; the rest is the reason
+    return re.sub(r"^\w+, \S+:\d+, ", "", str(err))
+
+
+class ImageFiles(Dataset):
+    """(image, label) per file of an index: the file decoded to a uint8 (3, H, W) RGB tensor
+    (grayscale, CMYK, 16-bit and PNGs named .JPEG included), then `transform` (a
+    transforms.v2 callable on that tensor) if given. A file that cannot be read or decoded
+    (not an image, truncated, empty, gone) raises BadSample; the engine's loader decides
+    whether that stops the run or the file is skipped.
+
+    Paths and labels are kept in numpy arrays, not lists: loader workers reading the items of
+    a list of 1.28M str touch their reference counts, which copies those pages into every
+    worker (~100 MB each); numpy's one buffer stays shared."""
+
+    def __init__(self, index: FolderIndex, transform=None):
+        self.root, self.classes, self.transform = index.root, index.classes, transform
+        self.files = np.array([os.fsencode(f) for f in index.files])
+        self.labels = np.array(index.labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to the transform (progressive resizing); the loader calls it per sample."""
+        if hasattr(self.transform, "set_epoch"):
+            self.transform.set_epoch(epoch)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path = os.path.join(self.root, os.fsdecode(self.files[i]))
+        # truncated JPEGs raise here too ("Image is incomplete or truncated"), not a grey image
+        try:
+            image = decode_image(read_file(path), mode=ImageReadMode.RGB)
+        except RuntimeError as err:
+            raise BadSample(path, _reason(err)) from None
+        if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
+            image = F.to_dtype(image, torch.uint8, scale=True)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[i])

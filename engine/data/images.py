@@ -1,0 +1,82 @@
+"""The per-sample decode + augment pipeline for image folders, from torchvision.transforms.v2,
+configured by one dataclass that any image recipe nests in its data section
+(`data.augment.trivial_augment=true`).
+
+Training: RandomResizedCrop, flip, optionally TrivialAugmentWide, then float, normalise, and
+optionally RandomErasing (torchvision's reference order). Evaluation: resize, centre crop.
+Progressive resizing (FFCV's low-res training): the training crop grows with the epoch; the
+epoch reaches the transform through set_epoch, called per sample by the engine's loader, so
+it works in persistent workers and after a resume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchvision.transforms import v2
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class ImageAugment:
+    train_size: int = 224  # training crop (the final one, with progressive resizing)
+    scale_min: float = 0.08  # RandomResizedCrop's smallest area fraction
+    hflip: bool = True
+    trivial_augment: bool = False  # TrivialAugmentWide
+    random_erasing: float = 0.0  # probability per image
+    eval_resize: int = 256
+    eval_size: int = 224
+    ramp_from_size: int = 0  # > 0: progressive resizing from this size to train_size
+    ramp_start_epoch: int = 0  # ... starting to grow at this epoch
+    ramp_end_epoch: int = 0  # ... reaching train_size here
+
+
+def ramp_size(cfg: ImageAugment, epoch: int) -> int:
+    """FFCV's schedule: linear from ramp_from_size to train_size over the ramp epochs,
+    rounded to a multiple of 32 (a friendly shape for convolution kernels)."""
+    if cfg.ramp_from_size <= 0 or cfg.ramp_end_epoch <= cfg.ramp_start_epoch:
+        return cfg.train_size
+    lo, hi = cfg.ramp_start_epoch, cfg.ramp_end_epoch
+    t = min(1.0, max(0.0, (epoch - lo) / (hi - lo)))
+    size = cfg.ramp_from_size + t * (cfg.train_size - cfg.ramp_from_size)
+    return max(32, int(round(size / 32)) * 32)
+
+
+def _finish(mean, std) -> list:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+
+
+class TrainTransform:
+    """uint8 CHW in, normalised float CHW out; the crop size follows the epoch."""
+
+    def __init__(self, cfg: ImageAugment, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+        self.cfg, self.mean, self.std = cfg, mean, std
+        self.size = None
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        size = ramp_size(self.cfg, epoch)
+        if size == self.size:
+            return
+        cfg, self.size = self.cfg, size
+        steps = [v2.RandomResizedCrop(size, scale=(cfg.scale_min, 1.0), antialias=True)]
+        if cfg.hflip:
+            steps.append(v2.RandomHorizontalFlip())
+        if cfg.trivial_augment:
+            steps.append(v2.TrivialAugmentWide())
+        steps += _finish(self.mean, self.std)
+        if cfg.random_erasing > 0:
+            steps.append(v2.RandomErasing(p=cfg.random_erasing))
+        self.pipeline = v2.Compose(steps)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.pipeline(image)
+
+
+def eval_transform(cfg: ImageAugment, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> v2.Compose:
+    return v2.Compose(
+        [v2.Resize(cfg.eval_resize, antialias=True), v2.CenterCrop(cfg.eval_size)]
+        + _finish(mean, std)
+    )

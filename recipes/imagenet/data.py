@@ -1,0 +1,38 @@
+"""ImageNet in its folder layout (`train/<wnid>/*.JPEG`, `val/<wnid>/*.JPEG` at data.root),
+decoded and augmented per sample by the engine's image pipeline; or, with `synthetic`,
+random tensors of the same shape, to measure throughput without data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.data.imagefolder import ImageFiles, imagenet_indexes
+from torch.utils.data import Dataset
+
+from engine.data.images import ImageAugment, TrainTransform, eval_transform
+from engine.data.synthetic import SyntheticImages
+
+
+@dataclass
+class DataConfig:
+    root: str = ""  # "": $RECIPES_DATA/imagenet or data/imagenet in the checkout
+    index_cache: str = ""  # "": beside the data when writable, else ~/.cache/recipes/index
+    skip_bad: bool = False  # replace and count unreadable files instead of stopping
+    synthetic: bool = False  # random images: throughput with no data on disk
+    synthetic_train: int = 1_281_167  # ImageNet-1k's sizes
+    synthetic_val: int = 50_000
+    synthetic_classes: int = 1000
+    augment: ImageAugment = field(default_factory=ImageAugment)
+
+
+def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
+    aug = cfg.augment
+    if cfg.synthetic:
+        return (
+            SyntheticImages(cfg.synthetic_train, cfg.synthetic_classes, aug.train_size),
+            SyntheticImages(cfg.synthetic_val, cfg.synthetic_classes, aug.eval_size),
+        )
+    cache = Path(cfg.index_cache) if cfg.index_cache else None
+    train, val = imagenet_indexes(Path(cfg.root), cache)
+    return ImageFiles(train, TrainTransform(aug)), ImageFiles(val, eval_transform(aug))

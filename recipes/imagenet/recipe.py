@@ -1,0 +1,10 @@
+from engine.recipe import Recipe
+from recipes.imagenet.data import DataConfig, build_datasets
+from recipes.imagenet.model import ModelConfig, build_model
+
+RECIPE = Recipe(
+    model_config=ModelConfig,
+    build_model=build_model,
+    data_config=DataConfig,
+    build_datasets=build_datasets,
+)

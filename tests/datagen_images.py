@@ -1,0 +1,92 @@
+"""Small ImageNet-layout folders of real JPEG files for the tests, and the bad files a real
+dataset holds (not an image, truncated, empty, a PNG or CMYK JPEG under a .JPEG name)."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def wnid(k: int) -> str:
+    return f"n{k:08d}"
+
+
+def _picture(rng: np.random.Generator, colour: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    """A class colour with noise, at a size within ±20% of size (height, width)."""
+    h, w = (int(s * rng.uniform(0.8, 1.2)) for s in size)
+    pixels = colour + rng.normal(0, 25, (h, w, 3))
+    return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+
+
+def jpeg_bytes(size: tuple[int, int] = (40, 48), seed: int = 0, mode: str = "RGB") -> bytes:
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    _picture(rng, rng.uniform(0, 255, 3), size).convert(mode).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def settle(root: Path, age_s: float = 60) -> None:
+    """Dates every folder under root age_s back, as data that has not changed for a while
+    (the index cache is written only for such data)."""
+    then = time.time() - age_s
+    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        os.utime(folder, (then, then))
+
+
+def write_image_folder(
+    root: Path,
+    classes: int = 3,
+    train_per_class: int = 6,
+    val_per_class: int = 2,
+    size: tuple[int, int] = (40, 48),
+    seed: int = 0,
+) -> Path:
+    """root/train/<wnid>/<wnid>_<i>.JPEG and root/val/<wnid>/ILSVRC2012_val_<n>.JPEG, each
+    class in its own colour (learnable), sizes (height, width) varying around size."""
+    rng = np.random.default_rng(seed)
+    colours = rng.uniform(0, 255, (classes, 3))
+    val_number = 0
+    for k in range(classes):
+        train_dir, val_dir = root / "train" / wnid(k), root / "val" / wnid(k)
+        train_dir.mkdir(parents=True)
+        val_dir.mkdir(parents=True)
+        for i in range(train_per_class):
+            _picture(rng, colours[k], size).save(train_dir / f"{wnid(k)}_{i}.JPEG")
+        for _ in range(val_per_class):
+            val_number += 1
+            _picture(rng, colours[k], size).save(val_dir / f"ILSVRC2012_val_{val_number:08d}.JPEG")
+    settle(root)
+    return root
+
+
+def plant_not_an_image(path: Path) -> Path:
+    path.write_text("<html>404 Not Found</html>\n")  # what a failed download leaves behind
+    return path
+
+
+def plant_truncated_jpeg(path: Path, keep: float = 0.5) -> Path:
+    data = jpeg_bytes(seed=1)
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def plant_empty_file(path: Path) -> Path:
+    path.write_bytes(b"")
+    return path
+
+
+def plant_png_as_jpeg(path: Path) -> Path:
+    """ImageNet's train set holds one such file (n02105855_2933.JPEG)."""
+    Image.open(io.BytesIO(jpeg_bytes(seed=2))).save(path, format="PNG")
+    return path
+
+
+def plant_jpeg(path: Path, mode: str) -> Path:
+    """A JPEG in another colour mode: "CMYK" (22 of ImageNet's train files) or "L" (grey)."""
+    path.write_bytes(jpeg_bytes(seed=3, mode=mode))
+    return path
