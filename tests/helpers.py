@@ -23,10 +23,19 @@ def engine_env(**extra: str) -> dict[str, str]:
 
 
 def run_engine(
-    root: Path, name: str, *overrides: str, prefix=None, check=True, timeout=300, env=None
+    root: Path,
+    name: str,
+    *overrides: str,
+    prefix=None,
+    check=True,
+    timeout=300,
+    env=None,
+    recipe: str = "digits",
+    variant: str = "",
 ):
     cmd = prefix or [sys.executable, "-m", "engine.train"]
-    args = [*cmd, "digits", *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
+    head = [recipe, *(["--config", variant] if variant else [])]
+    args = [*cmd, *head, *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
     out = subprocess.run(
         args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or engine_env()
     )
@@ -35,18 +44,21 @@ def run_engine(
     return out
 
 
-def run_dir(root: Path, name: str) -> Path:
-    return root / "digits" / name
+def run_dir(root: Path, name: str, recipe: str = "digits") -> Path:
+    return root / recipe / name
 
 
-def final_weights(root: Path, name: str) -> dict[str, torch.Tensor]:
-    folder = run_dir(root, name) / "checkpoints"
-    newest = max(folder.glob("step-*.pt"))
-    return torch.load(newest, map_location="cpu", weights_only=True)["model"]
+def final_checkpoint(root: Path, name: str, recipe: str = "digits") -> dict:
+    newest = max((run_dir(root, name, recipe) / "checkpoints").glob("step-*.pt"))
+    return torch.load(newest, map_location="cpu", weights_only=True)
 
 
-def records(root: Path, name: str, kind: str) -> list[dict]:
-    lines = (run_dir(root, name) / "metrics.jsonl").read_text().splitlines()
+def final_weights(root: Path, name: str, recipe: str = "digits") -> dict[str, torch.Tensor]:
+    return final_checkpoint(root, name, recipe)["model"]
+
+
+def records(root: Path, name: str, kind: str, recipe: str = "digits") -> list[dict]:
+    lines = (run_dir(root, name, recipe) / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 

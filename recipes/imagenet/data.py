@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.data.imagefolder import ImageFiles, imagenet_indexes
 from torch.utils.data import Dataset
 
+from engine.data.imagefolder import ImageFiles, imagenet_indexes
 from engine.data.images import ImageAugment, TrainTransform, eval_transform
 from engine.data.synthetic import SyntheticImages
 

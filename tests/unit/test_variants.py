@@ -1,0 +1,97 @@
+"""Recipe variants (CONFIG=NAME) through every entry point, on the real recipes: make, the
+launch CLI, SLURM submission, and the engine itself."""
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from engine import config as C
+from engine.train import load_config
+from tests.helpers import REPO, engine_env
+from tests.unit.test_launch_cli import clean_env, launch, one_line
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "-s", *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_imagenet_on_8_gpus_renders_the_8_process_torchrun():
+    done = make("train", "RECIPE=imagenet", "GPUS=8", "DRY_RUN=1")
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    assert argv[5:8] == ["-m", "engine.train", "imagenet"] and "--config" not in argv
+
+
+def test_v2_submit_on_2_nodes_renders_the_job_with_the_variant_and_its_slurm_section():
+    done = make("submit", "RECIPE=imagenet", "CONFIG=v2", "DRY_RUN=1", "NODES=2", "GPUS=8")
+    assert done.returncode == 0, done.stderr
+    for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--time=4320"):
+        assert f"#SBATCH {line}\n" in done.stdout  # --time from v2.yaml over config.yaml
+    (srun,) = [line for line in done.stdout.splitlines() if line.startswith("srun ")]
+    argv = shlex.split(srun)
+    i = argv.index("imagenet")
+    assert argv[i + 1 : i + 3] == ["--config", "v2"] and "device=cpu" not in argv
+
+
+@pytest.mark.parametrize("target", ["docker", "pyxis", "apptainer"])
+def test_containers_carry_the_variant(target):
+    done = launch("render", "--target", target, RECIPE="imagenet", CONFIG="budget", GPUS="8")
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    i = argv.index("imagenet")
+    assert argv[i + 1 : i + 3] == ["--config", "budget"]
+
+
+def test_unknown_variant_is_one_line_naming_the_available_ones():
+    done = launch("train", RECIPE="imagenet", CONFIG="v3", GPUS="0", DRY_RUN="1")
+    assert done.returncode == 2
+    assert "has no variant 'v3'; available: budget, v2" in one_line(done.stderr)
+    engine = subprocess.run(
+        [sys.executable, "-m", "engine.train", "cifar10", "--config", "v3"],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert engine.returncode == 2
+    assert one_line(engine.stderr) == (
+        "error: recipe 'cifar10' has no variant 'v3'; available: fast"
+    )
+
+
+def test_make_recipes_lists_each_recipe_with_its_variants_and_descriptions():
+    done = make("recipes")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.split()[:2] == ["imagenet", "ResNet-50,"] for line in lines)
+    variants = {line.split()[0] for line in lines if line.startswith(" ") and line.strip()}
+    assert variants == {"fast", "v2", "budget"}
+    assert all(len(line.split()) > 2 for line in lines if line.startswith(" ") and line.strip())
+
+
+def test_variant_layers_between_config_yaml_and_overrides():
+    cfg, _ = load_config("imagenet", ["optim.lr=0.3"], "v2")
+    assert cfg.variant == "v2" and cfg.optim.lr == 0.3  # override over the variant
+    assert cfg.train.epochs == 600 and cfg.mix.cutmix_alpha == 1.0  # from v2.yaml
+    assert cfg.optim.momentum == 0.9 and cfg.model.arch == "resnet50"  # from config.yaml
+    with pytest.raises(C.ConfigError, match="chosen by name"):
+        load_config("imagenet", ["variant=v2"])
+
+
+def test_data_root_defaults_to_recipes_data_then_the_checkout(monkeypatch):
+    monkeypatch.setenv("RECIPES_DATA", "/mnt/datasets")
+    assert load_config("imagenet", [])[0].data.root == "/mnt/datasets/imagenet"
+    monkeypatch.delenv("RECIPES_DATA")
+    assert load_config("cifar10", [])[0].data.root == str(REPO / "data" / "cifar10")
+    assert load_config("cifar10", ["data.root=/x"])[0].data.root == "/x"
