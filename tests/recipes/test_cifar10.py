@@ -1,0 +1,70 @@
+"""CIFAR-10 through the real reader of the official python batches: the fast variant's
+on-device run is deterministic, resumes bitwise mid-epoch, and 1 process with 2 accumulation
+steps trains like 2 processes with 1; the default variant trains through workers."""
+
+import sys
+
+import pytest
+
+from tests.datagen_cifar import write_cifar_batches
+from tests.helpers import final_weights, max_difference, records, run_engine, same_weights
+
+pytestmark = pytest.mark.slow
+FAST = [
+    "train.batch_size=16",
+    "train.max_steps=9",  # 80 training images: 5 steps an epoch, so the stop is mid-epoch
+    "train.compile=false",
+    "model.widths=[8, 16, 16]",
+    "sched.warmup_steps=2",
+    "ckpt.every_steps=3",
+    "log.every_steps=1",
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_cifar_batches(tmp_path_factory.mktemp("data") / "cifar10", n_train=80, n_test=30)
+
+
+def fast(root, name, data, *overrides, prefix=None):
+    args = [f"data.root={data}", *FAST, *overrides]
+    return run_engine(root, name, *args, recipe="cifar10", variant="fast", prefix=prefix)
+
+
+def test_fast_variant_is_deterministic_and_resumes_bitwise_mid_epoch(tmp_path, data):
+    fast(tmp_path, "a", data)
+    fast(tmp_path, "b", data)
+    reference = final_weights(tmp_path, "a", "cifar10")
+    assert same_weights(final_weights(tmp_path, "b", "cifar10"), reference)
+    fast(tmp_path, "other-seed", data, "seed=1")
+    assert not same_weights(final_weights(tmp_path, "other-seed", "cifar10"), reference)
+
+    first = fast(tmp_path, "resumed", data, "train.stop_at_step=7")
+    assert "stopped at step 7" in first.stderr
+    fast(tmp_path, "resumed", data)
+    assert same_weights(final_weights(tmp_path, "resumed", "cifar10"), reference)
+    assert records(tmp_path, "resumed", "eval", "cifar10")[-1]["count"] == 30
+
+
+def test_fast_variant_world_size_invariant(tmp_path, data):
+    fast(tmp_path, "one", data, "train.micro_batch_size=8")
+    spawn = [sys.executable, "-m", "engine.train"]
+    fast(tmp_path, "two", data, "train.micro_batch_size=8", prefix=[*spawn, "--spawn", "2"])
+    one, two = final_weights(tmp_path, "one", "cifar10"), final_weights(tmp_path, "two", "cifar10")
+    params = [k for k in one if "running" not in k and "num_batches" not in k]
+    assert max_difference({k: one[k] for k in params}, {k: two[k] for k in params}) < 1e-4
+    losses = lambda n: [r["loss"] for r in records(tmp_path, n, "train", "cifar10")]  # noqa: E731
+    assert losses("one") == pytest.approx(losses("two"), abs=1e-4)
+
+
+def test_default_variant_trains_resnet18_through_workers(tmp_path, data):
+    run_engine(
+        tmp_path,
+        "resnet",
+        f"data.root={data}",
+        "train.batch_size=16",
+        "train.max_steps=3",
+        "loader.num_workers=2",
+        recipe="cifar10",
+    )
+    assert records(tmp_path, "resnet", "eval", "cifar10")[-1]["count"] == 30
