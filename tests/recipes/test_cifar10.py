@@ -68,3 +68,19 @@ def test_default_variant_trains_resnet18_through_workers(tmp_path, data):
         recipe="cifar10",
     )
     assert records(tmp_path, "resnet", "eval", "cifar10")[-1]["count"] == 30
+
+
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_missing_data_is_one_line_saying_where_and_how(tmp_path, variant):
+    out = run_engine(
+        tmp_path,
+        "none",
+        f"data.root={tmp_path / 'nothing'}",
+        recipe="cifar10",
+        variant=variant,
+        check=False,
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert str(tmp_path / "nothing" / "cifar-10-batches-py") in lines[0]
+    assert "data.download=true" in lines[0]
