@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import torch
 import torch.multiprocessing as mp
@@ -29,7 +30,16 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
     torch.set_num_threads(threads)
     from engine.train import main
 
-    code = main(argv)
+    try:
+        code = main(argv)
+    except Exception as err:
+        # torch reports the first process it finds dead, often a peer that lost its
+        # connection; every failing rank says its own cause, so the real one is never hidden.
+        cause = (str(err).strip().splitlines() or [""])[-1]
+        print(
+            f"rank {local_rank} failed: {type(err).__name__}: {cause}", file=sys.stderr, flush=True
+        )
+        raise
     if code:
         raise SystemExit(code)
 
