@@ -283,11 +283,12 @@ def parse_overrides(overrides: typing.Sequence[str]) -> dict[str, Any]:
     return tree
 
 
-def _merge(base: dict, update: dict) -> dict:
+def merge(base: dict, update: dict) -> dict:
+    """update layered over base, section by section."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -322,7 +323,7 @@ def resolve(
     variant_yaml: dict[str, Any] | None = None,
 ) -> Config:
     """Layer defaults < recipe_yaml < variant_yaml < overrides; validate every key and type."""
-    merged = _merge(_merge(recipe_yaml, variant_yaml or {}), parse_overrides(overrides))
+    merged = merge(merge(recipe_yaml, variant_yaml or {}), parse_overrides(overrides))
     section_types = ENGINE_SECTIONS | recipe_sections
     valid = [*TOP_LEVEL, "variant", *section_types]
     top = dict(TOP_LEVEL)

@@ -169,13 +169,13 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     seed_process(cfg.seed, denv.rank)
     train_data, eval_data = build_datasets(cfg, recipe)
     model = recipe.build_model(cfg.model)
-    if recipe.prepare:
-        recipe.prepare(model, train_data)
     sampler = GlobalBatchSampler(len(train_data), plan, denv.rank, cfg.seed)
     total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
     skip_bad = bool(getattr(cfg.data, "skip_bad", False))
 
     source = resume_source(cfg, run_dir)
+    if recipe.prepare and not source:  # a resumed run loads the prepared weights instead
+        recipe.prepare(model, train_data)
     if source:
         ckpt.load_model_state(model, source[1]["model"], source[0])
     if cfg.train.channels_last:
@@ -191,6 +191,11 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     if source:
         state = restore(source, optimizer, scheduler, scaler, denv, cfg.seed)
         if ema is not None:
+            if "ema" not in source[1]:
+                raise C.ConfigError(
+                    f"checkpoint {source[0]} holds no EMA of the weights, but ema.decay is set; "
+                    "resume with the config that wrote it (ema.decay=0) or start a new run"
+                )
             load_ema_state(ema, source[1]["ema"])
         if denv.is_main:
             log(f"resuming from {source[0]} (epoch {state.epoch}, step {state.step})")

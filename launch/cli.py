@@ -33,7 +33,7 @@ from typing import NoReturn
 
 import yaml
 
-from engine.config import ConfigError, SlurmConfig, build_section, description
+from engine.config import ConfigError, SlurmConfig, build_section, description, merge
 from launch import render
 from launch.errors import UserError
 from launch.render import Request, Slurm
@@ -169,14 +169,6 @@ def recipe_variants(recipe: str, env: Mapping[str, str]) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "config")
 
 
-def _merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for key, value in update.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = _merge(out[key], value) if both else value
-    return out
-
-
 def load_recipe_config(recipe: str, env: Mapping[str, str], variant: str = "") -> dict:
     """config.yaml with the variant's file layered on it, as the engine layers them."""
     path = recipes_dir(env) / recipe / "config.yaml"
@@ -190,7 +182,7 @@ def load_recipe_config(recipe: str, env: Mapping[str, str], variant: str = "") -
     if variant not in known:
         have = ", ".join(known) or "none (only config.yaml)"
         raise UserError(f"recipe {recipe!r} has no variant {variant!r}; available: {have}")
-    return _merge(config, _read_config(path.with_name(f"{variant}.yaml")))
+    return merge(config, _read_config(path.with_name(f"{variant}.yaml")))
 
 
 def _read_config(path: Path) -> dict:

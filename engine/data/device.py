@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch.utils.data import Dataset
 
+from engine.data.sampler import Sample
 from engine.seeding import derive_seed
 
 M32 = 0xFFFFFFFF
@@ -119,8 +120,6 @@ class DeviceLoader:
         return len(self.batches)
 
     def __iter__(self):
-        from engine.data.loaders import Sample
-
         device = self.data.images.device
         for keys in self.batches:
             index = torch.tensor([k[0] for k in keys], device=device)

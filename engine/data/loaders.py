@@ -4,7 +4,6 @@ sharding, workers, seeding and what happens to a file that cannot be read."""
 from __future__ import annotations
 
 import sys
-from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -12,20 +11,10 @@ from torch.utils.data import DataLoader, Dataset
 from engine.config import LoaderConfig
 from engine.data.device import DeviceImages, DeviceLoader
 from engine.data.errors import BadSample, DataError
-from engine.data.sampler import GlobalBatchSampler, eval_batches, eval_shard
+from engine.data.sampler import GlobalBatchSampler, Sample, eval_batches, eval_shard
 from engine.seeding import derive_seed, seed_sample, worker_init
 
 MAX_REPLACEMENTS = 16  # consecutive unreadable files before a run gives up even with skip_bad
-
-
-class Sample(NamedTuple):
-    """One loaded sample; the default collate turns a list of them into a batch of the same
-    shape. `replaced` is 1 where an unreadable file was replaced (data.skip_bad)."""
-
-    x: Any
-    y: Any
-    index: int
-    replaced: int
 
 
 class SeededSamples(Dataset):

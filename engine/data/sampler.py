@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -89,6 +90,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
                 yield [
                     (i, (base + i) % 2**63, self.epoch) for i in perm[lo : lo + plan.micro_batch]
                 ]
+
+
+class Sample(NamedTuple):
+    """One loaded sample for a key; the default collate turns a list of them into a batch of
+    the same shape. `replaced` is 1 where an unreadable file was replaced (data.skip_bad)."""
+
+    x: Any
+    y: Any
+    index: int
+    replaced: int
 
 
 def eval_batches(shard: range, batch_size: int) -> list[list[tuple[int, int, int]]]:
