@@ -5,6 +5,7 @@ Nothing else in the engine reads rank variables from the environment."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import re
 import socket
@@ -39,16 +40,32 @@ class DistEnv:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand SLURM's compressed host list: 'gpu[01-03,7],cpu5' -> gpu01 gpu02 gpu03 gpu7 cpu5."""
-    hosts = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
+    """Expand SLURM's compressed host list, in SLURM's order: 'gpu[01-03,7],cpu5' -> gpu01
+    gpu02 gpu03 gpu7 cpu5; 'rack[1-2]-n[01-02]' -> rack1-n01 rack1-n02 rack2-n01 rack2-n02.
+
+    Hand-written because the engine runs where submitit is not installed; the tests compare
+    it with submitit's parser and with `scontrol show hostnames`."""
+    example = "expected e.g. gpu[01-03,7],cpu5"
+    if not re.fullmatch(r"(?:[^\[\]]|\[[^\[\]]*\])*", nodelist):  # balanced, never nested
+        raise ConfigError(f"node list {nodelist!r} has unbalanced brackets; {example}")
+
+    def numbers(ranges: str) -> list[str]:  # '01-03,7' -> 01 02 03 7; a range keeps lo's width
+        out = []
         for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            for n in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{n:0{len(lo)}d}")
+            match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part)
+            if not match or int(match[2] or match[1]) < int(match[1]):
+                raise ConfigError(f"node list {nodelist!r}: bad range [{ranges}]; {example}")
+            lo, hi = match[1], match[2] or match[1]
+            out += [f"{n:0{len(lo)}d}" for n in range(int(lo), int(hi) + 1)]
+        return out
+
+    hosts = []
+    for group in re.findall(r"(?:[^,\[\]]|\[[^\[\]]*\])+", nodelist):  # commas only in []
+        parts = re.split(r"\[([^\]]*)\]", group)  # text, [ranges], text, [ranges], ..., text
+        choices = [[p] if i % 2 == 0 else numbers(p) for i, p in enumerate(parts)]
+        hosts += ["".join(pieces) for pieces in itertools.product(*choices)]
+    if not hosts:  # callers take hosts[0] as the rendezvous host
+        raise ConfigError(f"node list {nodelist!r} names no host; {example}")
     return hosts
 
 

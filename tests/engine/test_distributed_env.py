@@ -1,4 +1,13 @@
+import ast
+import shutil
+import string
+import subprocess
+from pathlib import Path
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from submitit.slurm.slurm import _parse_node_list
 
 from engine.config import ConfigError
 from engine.distributed import expand_nodelist, read_env, slurm_port
@@ -69,10 +78,89 @@ def test_incomplete_srun_env():
         ("node[1-2]", ["node1", "node2"]),
         ("gpu[01-03,7],cpu5", ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]),
         ("a[098-100]", ["a098", "a099", "a100"]),
+        ("a[1-03]", ["a1", "a2", "a3"]),  # the first number sets the width
+        ("node[01-02]-ib", ["node01-ib", "node02-ib"]),
+        ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
+        ("a[1-2],b5,c[07-08]-x", ["a1", "a2", "b5", "c07-x", "c08-x"]),
+        ("a[3,1],a[1]", ["a3", "a1", "a1"]),  # SLURM's order, duplicates kept
     ],
 )
 def test_expand_nodelist(nodelist, hosts):
     assert expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("nodelist", ["a[1-2", "a]1", "a[[1]]", "a[3-1]", "a[x]", "a[]", ",", ""])
+def test_a_malformed_nodelist_is_a_config_error(nodelist):
+    with pytest.raises(ConfigError, match="node list"):
+        expand_nodelist(nodelist)
+
+
+# Random node lists of the forms clusters use: names with prefixes and suffixes, several
+# ranges and single numbers per bracket, zero padding, several brackets per name, and
+# comma-separated names.
+HOST_CHARS = string.ascii_letters + string.digits + "-_."
+SCONTROL = shutil.which("scontrol")
+
+
+@st.composite
+def bracket(draw) -> str:
+    """[01-03,7]: 1-3 numbers or ranges, zero-padded or not (the first number sets the width)."""
+    parts = []
+    for _ in range(draw(st.integers(1, 3))):
+        lo = draw(st.integers(0, 120))
+        text = f"{lo:0{len(str(lo)) + draw(st.integers(0, 2))}d}"
+        if draw(st.booleans()):
+            text += f"-{lo + draw(st.integers(0, 4)):0{draw(st.integers(1, 4))}d}"
+        parts.append(text)
+    return f"[{','.join(parts)}]"
+
+
+@st.composite
+def host_pattern(draw, suffix: bool) -> str:
+    """name[..]text[..]text: up to two brackets; the text after the last one only if suffix."""
+    pieces = [draw(st.sampled_from(string.ascii_letters)) + draw(st.text(HOST_CHARS, max_size=4))]
+    for _ in range(draw(st.integers(0, 2))):
+        pieces += [draw(bracket()), draw(st.text(HOST_CHARS, max_size=4))]
+    if not suffix and len(pieces) > 1:
+        pieces[-1] = ""
+    return "".join(pieces)
+
+
+def nodelists(suffix: bool = True):
+    return st.lists(host_pattern(suffix), min_size=1, max_size=3).map(",".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodelists())
+def test_expand_nodelist_agrees_with_submitit(nodelist):
+    assert expand_nodelist(nodelist) == _parse_node_list(nodelist)
+
+
+@pytest.mark.skipif(
+    SCONTROL is None, reason="scontrol is not on PATH (apt-get install slurm-client)"
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodelists(suffix=False))  # Slurm 22.05 rejects text after a name's last bracket
+def test_expand_nodelist_agrees_with_scontrol(nodelist):
+    done = subprocess.run(
+        [SCONTROL, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+    )
+    assert not done.stderr, (nodelist, done.stderr)  # "Invalid hostlist" exits 0
+    assert expand_nodelist(nodelist) == done.stdout.split()
+
+
+def test_the_engine_never_imports_submitit():
+    """Training runs on machines without submitit; only launch/ may import it."""
+    engine = Path(__file__).resolve().parents[2] / "engine"
+    importers = []
+    for path in sorted(engine.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if any(n.split(".")[0] == "submitit" for n in names):
+                importers.append(f"{path.name}:{node.lineno}")
+    assert not importers
 
 
 def test_port_is_a_function_of_the_job_id():
