@@ -6,9 +6,12 @@ rank's RNG states. Only rank 0 writes."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +60,18 @@ def load_model_state(model: nn.Module, state: dict[str, Any], source: Path | Non
         ) from None
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path, pause_s: float = 0.0) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over the target, so a
-    crash leaves either the old file or the complete new one, never a torn file."""
+    crash leaves either the old file or the complete new one, never a torn file. pause_s
+    stalls halfway through the bytes (fault tests: a process killed mid-write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            if pause_s:
+                _write_with_pause(obj, f, pause_s)
+            else:
+                torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -76,6 +83,16 @@ def atomic_save(obj: Any, path: Path) -> None:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def _write_with_pause(obj: Any, f, pause_s: float) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getvalue()
+    f.write(data[: len(data) // 2])
+    f.flush()
+    time.sleep(pause_s)
+    f.write(data[len(data) // 2 :])
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
@@ -90,8 +107,15 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def prune(folder: Path, keep: int) -> None:
-    for old in list_checkpoints(folder)[keep:]:
+def step_of(path: Path) -> int:
+    return int(NAME.search(path.name).group(1))
+
+
+def prune(folder: Path, keep: int, written: Path) -> None:
+    """Keep the checkpoint just written and the newest others up to `keep` in all. Files of a
+    higher step (unreadable ones a resumed run skipped) are left for the run to overwrite."""
+    older = [p for p in list_checkpoints(folder) if step_of(p) < step_of(written)]
+    for old in older[max(keep - 1, 0) :]:
         old.unlink(missing_ok=True)
 
 
@@ -103,10 +127,84 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads; a torn or corrupt file is skipped with a warning."""
+    """The newest checkpoint that loads. A torn or corrupt newer file is skipped with a
+    warning; when checkpoints exist but none loads, training must not start from step 0 (and
+    then prune the run's own history away): that is a one-line error."""
+    failures = []
     for path in list_checkpoints(folder):
         try:
-            return path, torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a torn file from a crash: fall back to the previous one
-            print(f"warning: skipping unreadable checkpoint {path}: {type(err).__name__}")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torn by a crash, tampered, or from an incompatible version
+            failures.append(f"{path.name}: {_reason(err)}")
+            print(f"warning: skipping unreadable checkpoint {path}: {_reason(err)}", file=sys.stderr)
+            continue
+        return path, state
+    if failures:
+        raise ConfigError(
+            f"no checkpoint in {folder} loads ({'; '.join(failures[:3])}"
+            f"{'; ...' if len(failures) > 3 else ''}); move them aside to start afresh, or "
+            "launch with another run.name (or resume=none run.overwrite=true)"
+        )
     return None
+
+
+def _reason(err: Exception) -> str:
+    text = " ".join(str(err).split())
+    first = text.split(". ")[0][:160]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+# A resumed run may change these and stay the same run: how it is logged, evaluated,
+# checkpointed, loaded and spread over processes, and how long it goes on. Anything else
+# (seed, batch, optimizer, schedule, model, data, augmentation) would change what it trains.
+SAFE_TO_CHANGE = (
+    "run.",
+    "log.",
+    "ckpt.",
+    "eval.",
+    "slurm.",
+    "fault.",
+    "dist.",
+    "loader.num_workers",
+    "loader.pin_memory",
+    "loader.persistent_workers",
+    "loader.prefetch_factor",
+    "train.epochs",
+    "train.max_steps",
+    "train.stop_at_step",
+    "train.micro_batch_size",
+    "train.compile",
+    "train.channels_last",
+    "train.nan_policy",
+    "data.root",
+    "data.download",
+    "device",
+    "resume",
+    "deterministic",
+    "variant",
+)
+GUARDED = ("dist.sync_bn",)  # batch statistics over all ranks: another computation
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(changes that alter the run, changes that keep it), each as 'key old -> new'. A key on
+    one side only is a field added or removed by a code update, at its default: not a change."""
+    old, new = flatten(saved), flatten(current)
+    refused, allowed = [], []
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] == new[key]:
+            continue
+        text = f"{key} {old[key]} -> {new[key]}"
+        safe = key.startswith(SAFE_TO_CHANGE) and not key.startswith(GUARDED)
+        (allowed if safe else refused).append(text)
+    return refused, allowed

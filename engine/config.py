@@ -24,6 +24,9 @@ class ConfigError(ValueError):
 class RunConfig:
     name: str = ""  # empty: a new time-stamped name per launch
     root: str = "runs"
+    # resume=none on a run directory that holds a run: move its contents aside into
+    # <name>.replaced-<time> and start afresh (without it, such a launch is refused).
+    overwrite: bool = False
 
 
 @dataclass
@@ -38,6 +41,9 @@ class TrainConfig:
     channels_last: bool = False
     compile: bool = False
     label_smoothing: float = 0.0  # training loss only; evaluation reports plain cross entropy
+    # Non-finite gradients (without fp16, whose scaler skips such steps itself): stop before
+    # the next checkpoint, naming the step, or skip the step and count it.
+    nan_policy: Literal["stop", "skip"] = "stop"
 
 
 @dataclass
@@ -139,6 +145,12 @@ class FaultConfig:
 
     raise_at_step: int = 0  # > 0: raise an error after this optimizer step
     rank: int = 0  # on this global rank only
+    # The ones below act only in a process's first attempt (not after a torchrun restart).
+    signal_at_step: int = 0  # > 0: send `signal` to this process after this step
+    signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGUSR2"] = "SIGKILL"
+    hang_at_step: int = 0  # > 0: stop responding (sleep) after this step, as a hung rank does
+    hang_in_save_at_step: int = 0  # > 0: stall mid-write of this step's checkpoint
+    nan_at_step: int = 0  # > 0: this step's loss (and so its gradients) is NaN, every attempt
 
 
 @dataclass

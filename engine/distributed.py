@@ -218,3 +218,22 @@ def gather_objects(obj) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def on_main(action):
+    """action() on rank 0 alone (its result there, None elsewhere); a ConfigError on rank 0 is
+    raised on every rank at once instead of leaving the others at their next collective."""
+    if not dist.is_initialized():
+        return action()
+    result, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            result = action()
+        except ConfigError as err:
+            error = err
+    message = broadcast_object(str(error) if error else None)
+    if error:
+        raise error
+    if message:
+        raise ConfigError(message)
+    return result

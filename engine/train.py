@@ -21,12 +21,13 @@ from torch import nn
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
-from engine import preempt
+from engine import preempt, rundir
 from engine import recipe as R
 from engine.data.loaders import eval_loader, train_loader
 from engine.data.mix import BatchMix, build_mix
 from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.ema import build_ema, ema_state, load_ema_state, update_ema
+from engine.faults import RunError, inject_after_step, save_pause
 from engine.optim import build_optimizer, build_scheduler
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
 from engine.tracking import NullTracker, Progress, Tracker, environment, log, wandb_mode
@@ -41,6 +42,7 @@ class State:
     position: int = 0  # global samples consumed in the current epoch
     last_eval: dict = field(default_factory=dict)
     bad_samples: int = 0  # unreadable files replaced so far, summed over ranks (data.skip_bad)
+    skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (nan_policy=skip)
 
 
 @dataclass
@@ -68,6 +70,10 @@ class Run:
     mix: BatchMix | None = None
     skip_bad: bool = False
     pending_bad: int = 0  # this rank's replaced samples not yet summed into state.bad_samples
+    lock_fd: int | None = None  # rank 0's hold on the run directory, released when it exits
+    # First step whose gradients were not finite (0: none), kept on the device so that the
+    # check costs no host sync per step; read at log intervals and before every checkpoint.
+    first_bad_step: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------- configuration
@@ -102,7 +108,9 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
 # ---------------------------------------------------------------- set-up
 
 
-def wrap_model(model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.device):
+def wrap_model(
+    model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.device, accum_steps: int
+):
     dcfg, strategy = cfg.dist, cfg.dist.strategy
     if strategy == "auto":
         strategy = "ddp" if denv.distributed else "none"
@@ -123,7 +131,9 @@ def wrap_model(model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.d
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
-            static_graph=dcfg.static_graph and not dcfg.find_unused_parameters,
+            # A static graph and no_sync() break each other (DDP's expect_autograd_hooks_
+            # assert at the first accumulated step), so accumulation runs without it.
+            static_graph=dcfg.static_graph and not dcfg.find_unused_parameters and accum_steps == 1,
             find_unused_parameters=dcfg.find_unused_parameters,
         )
     return model
@@ -178,11 +188,12 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         recipe.prepare(model, train_data)
     if source:
         ckpt.load_model_state(model, source[1]["model"], source[0])
+        check_config_drift(cfg, source, denv.is_main)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.to(device)
     ema = build_ema(model, cfg.ema)
-    wrapped = wrap_model(model, cfg, denv, device)
+    wrapped = wrap_model(model, cfg, denv, device, plan.accum_steps)
     optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size)
     scheduler = build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch)
     dtype = amp_dtype(cfg.train.amp, device)
@@ -200,9 +211,9 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         if denv.is_main:
             log(f"resuming from {source[0]} (epoch {state.epoch}, step {state.step})")
 
+    lock_fd = D.on_main(lambda: claim_run_dir(cfg, run_dir))
     tracker = NullTracker()
     if denv.is_main:
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(C.dump(cfg))
         tracker = Tracker(run_dir, cfg.log, mode, cfg.to_dict(), state.step)
     hosts = D.gather_objects(D.host_name())
@@ -233,7 +244,41 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         ema=ema,
         mix=build_mix(cfg.mix, getattr(cfg.model, "num_classes", None), cfg.seed),
         skip_bad=skip_bad,
+        lock_fd=lock_fd,
+        first_bad_step=torch.zeros((), dtype=torch.long, device=device),
     )
+
+
+def claim_run_dir(cfg: C.Config, run_dir: Path) -> int:
+    """Rank 0, after every check that can refuse the request and before the first write:
+    lock the directory, move an overwritten run aside, clear a dead writer's partial files."""
+    fd = rundir.acquire(run_dir)
+    if cfg.resume == "none" and rundir.holds_a_run(run_dir):  # run.overwrite=true
+        log(f"run.overwrite: the earlier run's files are now in {rundir.move_aside(run_dir)}")
+    folder = run_dir / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    rundir.make_private(folder)
+    for leftover in rundir.remove_partial_checkpoints(folder):
+        log(f"removed {leftover.name}, a checkpoint whose writing was interrupted")
+    return fd
+
+
+def check_config_drift(cfg: C.Config, source: tuple[Path, dict], is_main: bool) -> None:
+    """Resuming continues one run: a change that alters it (batch, optimizer, schedule, data,
+    model, seed) is refused; one that keeps its guarantees (logging, evaluation, length,
+    checkpointing, workers, process count) is allowed and said."""
+    saved = source[1].get("config")
+    if saved is None:  # written before checkpoints carried their config
+        return
+    refused, allowed = ckpt.config_changes(saved, cfg.to_dict())
+    if refused:
+        raise C.ConfigError(
+            f"checkpoint {source[0]} was written with another config ({', '.join(refused)}); "
+            "resuming would change the run it continues: go back to those values, or start a "
+            "new run with another run.name"
+        )
+    if allowed and is_main:
+        log(f"resuming with changed settings that keep the run's guarantees: {', '.join(allowed)}")
 
 
 def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) -> State:
@@ -251,6 +296,7 @@ def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) ->
         saved["position"],
         saved.get("last_eval", {}),
         saved.get("bad_samples", 0),
+        saved.get("skipped_steps", 0),
     )
 
 
@@ -258,31 +304,64 @@ def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) ->
 
 
 def save_checkpoint(run: Run) -> None:
-    """A collective: every rank contributes its RNG state; rank 0 writes."""
+    """A collective: every rank contributes its RNG state; rank 0 writes, and every rank
+    learns whether the file is complete (a failed write stops all of them, not rank 0 alone)."""
+    check_finite(run)
     rngs = D.gather_objects(rng_state())
     flush_bad_count(run)
-    if run.denv.is_main:
-        st = run.state
-        folder = run.run_dir / "checkpoints"
-        payload = {
-            "model": run.bare.state_dict(),
-            "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "scaler": run.scaler.state_dict(),
-            "epoch": st.epoch,
-            "step": st.step,
-            "position": st.position,
-            "world_size": run.denv.world_size,
-            "rng": rngs,
-            "last_eval": st.last_eval,
-            "bad_samples": st.bad_samples,
-        }
-        if run.ema is not None:
-            payload["ema"] = ema_state(run.ema)
-        ckpt.atomic_save(payload, ckpt.checkpoint_path(folder, st.step))
-        ckpt.prune(folder, run.cfg.ckpt.keep)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()  # nobody leaves before the file is complete
+    error = write_checkpoint(run, rngs) if run.denv.is_main else None
+    if D.any_rank(error is not None, run.device):  # also the barrier: nobody leaves early
+        raise RunError(error or "rank 0 could not write the checkpoint (see its error)")
+
+
+def write_checkpoint(run: Run, rngs: list) -> str | None:
+    """Rank 0: the checkpoint file, then pruning; the error line when the disk refuses."""
+    st = run.state
+    folder = run.run_dir / "checkpoints"
+    path = ckpt.checkpoint_path(folder, st.step)
+    payload = {
+        "model": run.bare.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "epoch": st.epoch,
+        "step": st.step,
+        "position": st.position,
+        "world_size": run.denv.world_size,
+        "rng": rngs,
+        "last_eval": st.last_eval,
+        "bad_samples": st.bad_samples,
+        "skipped_steps": st.skipped_steps,
+        "config": run.cfg.to_dict(),
+    }
+    if run.ema is not None:
+        payload["ema"] = ema_state(run.ema)
+    try:
+        ckpt.atomic_save(payload, path, save_pause(run.cfg.fault, st.step))
+        ckpt.prune(folder, run.cfg.ckpt.keep, path)
+    except OSError as err:
+        previous = [p.name for p in ckpt.list_checkpoints(folder) if p != path]
+        intact = f"{previous[0]} is intact" if previous else "no earlier checkpoint exists"
+        return (
+            f"could not write checkpoint {path}: {err.strerror or err}; {intact}. Free space or "
+            f"fix permissions under {run.run_dir.parent}, then rerun with "
+            f"run.name={run.cfg.run.name} to resume"
+        )
+    return None
+
+
+def check_finite(run: Run) -> None:
+    """nan_policy=stop: never checkpoint (or go on from) weights that took a non-finite step."""
+    bad = int(run.first_bad_step.item())
+    if not bad:
+        return
+    newest = ckpt.list_checkpoints(run.run_dir / "checkpoints")
+    kept = f"the last good checkpoint is {newest[0]}" if newest else "no checkpoint was saved"
+    raise RunError(
+        f"non-finite gradients at step {bad}; stopped without saving ({kept}). Continue from "
+        f"it, skipping such steps, with run.name={run.cfg.run.name} train.nan_policy=skip, or "
+        "start a new run with a lower optim.lr or train.grad_clip"
+    )
 
 
 def flush_bad_count(run: Run) -> None:
@@ -361,8 +440,9 @@ def micro_position(run: Run, j: int) -> int:
     return run.state.position + run.denv.rank * plan.per_rank + j * plan.micro_batch
 
 
-def train_step(run: Run, micro_batches: list) -> torch.Tensor:
-    """One optimizer step over this rank's micro batches; returns the summed loss (detached)."""
+def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over this rank's micro batches; returns the summed loss and the
+    gradient norm (both detached, on the device: reading them would sync the host)."""
     accum = len(micro_batches)
     total = torch.zeros((), device=run.device)
     for j, batch in enumerate(micro_batches):
@@ -378,17 +458,50 @@ def train_step(run: Run, micro_batches: list) -> torch.Tensor:
         with sync:
             with autocast(run):
                 loss = run.loss_fn(run.model(x), y) / accum
+            if injected_nan(run):
+                loss = loss * float("nan")
             run.scaler.scale(loss).backward()
         total += loss.detach()
-    if run.cfg.train.grad_clip > 0:
-        run.scaler.unscale_(run.optimizer)
-        nn.utils.clip_grad_norm_(run.bare.parameters(), run.cfg.train.grad_clip)
-    run.scaler.step(run.optimizer)
+    norm = gradient_norm(run)
+    if apply_step(run, norm):
+        run.scaler.step(run.optimizer)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
+    run.scheduler.step()  # the schedule follows the step count, skipped steps included
     update_ema(run.ema, run.bare, run.state.step + 1, run.cfg.ema)
-    return total
+    return total, norm
+
+
+def injected_nan(run: Run) -> bool:
+    fault = run.cfg.fault
+    return fault.nan_at_step == run.state.step + 1 and run.denv.rank == fault.rank
+
+
+def gradient_norm(run: Run) -> torch.Tensor:
+    """The total norm of the (unscaled, all-reduced) gradients, clipped when configured."""
+    if run.scaler.is_enabled():
+        run.scaler.unscale_(run.optimizer)
+    params = [p for p in run.bare.parameters() if p.grad is not None]
+    if run.cfg.train.grad_clip > 0:
+        return nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip).detach()
+    return nn.utils.get_total_norm([p.grad for p in params]).detach()
+
+
+def apply_step(run: Run, norm: torch.Tensor) -> bool:
+    """Whether to take the optimizer step. fp16: the scaler skips non-finite steps itself.
+    nan_policy=skip reads the norm (one host sync per step); stop only records the first bad
+    step on the device, read back at log intervals and before each checkpoint."""
+    if run.scaler.is_enabled():
+        return True
+    if run.cfg.train.nan_policy == "skip":
+        if torch.isfinite(norm).item():
+            return True
+        run.state.skipped_steps += 1
+        log(f"warning: non-finite gradients at step {run.state.step + 1}; step skipped")
+        return False
+    bad = ~torch.isfinite(norm) & (run.first_bad_step == 0)
+    run.first_bad_step = torch.where(bad, run.state.step + 1, run.first_bad_step)
+    return True
 
 
 class Meter:
@@ -400,12 +513,14 @@ class Meter:
 
     def reset(self) -> None:
         self.loss = torch.zeros((), device=self.device)
+        self.grad_norm = torch.zeros((), device=self.device)
         self.steps = self.samples = 0
         self.wait = 0.0
         self.started = time.perf_counter()
 
     def record(self, run: Run) -> dict:
         loss = D.all_reduce_sum(self.loss.detach().clone().reshape(1)).item() / run.denv.world_size
+        check_finite(run)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         st = run.state
         flush_bad_count(run)
@@ -414,12 +529,15 @@ class Meter:
             "step": st.step,
             "epoch": st.epoch,
             "loss": loss / self.steps,
+            "grad_norm": self.grad_norm.item() / self.steps,  # the same on every rank
             "lr": run.optimizer.param_groups[0]["lr"],
             "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,
         }
         if run.skip_bad:
             rec["bad_samples"] = st.bad_samples
+        if run.cfg.train.nan_policy == "skip":
+            rec["skipped_steps"] = st.skipped_steps
         self.reset()
         return rec
 
@@ -439,7 +557,9 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
             write_sample_ids(run, micro)
         if run.skip_bad:
             run.pending_bad += sum(int(b.replaced.sum()) for b in micro)
-        meter.loss += train_step(run, micro)
+        loss, norm = train_step(run, micro)
+        meter.loss += loss
+        meter.grad_norm += norm
         st.step += 1
         st.position += plan.global_batch
         meter.steps += 1
@@ -459,18 +579,8 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
     return None
 
 
-class InjectedFault(RuntimeError):
-    pass
-
-
 def stop_reason(run: Run) -> str | None:
-    fault = run.cfg.fault
-    if (
-        fault.raise_at_step
-        and fault.raise_at_step == run.state.step
-        and run.denv.rank == fault.rank
-    ):
-        raise InjectedFault(f"injected fault at step {run.state.step} on rank {run.denv.rank}")
+    inject_after_step(run.cfg.fault, run.state.step, run.denv.rank)
     stop_at = run.cfg.train.stop_at_step
     if stop_at and run.state.step == stop_at and run.state.step < run.total_steps:
         return "stop_at_step"
@@ -549,7 +659,7 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
         name = D.broadcast_object(cfg.run.name or new_run_name(cfg.recipe))
         cfg.run.name = name
         run = setup(cfg, recipe, denv, device)
-        reason = fit(run)
+        reason = fit_or_explain(run)
         flush_bad_count(run)
         if denv.is_main:
             finish(run, reason, time.perf_counter() - started)
@@ -559,11 +669,41 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
         D.shutdown()
 
 
+PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset")
+
+
+def fit_or_explain(run: Run) -> str | None:
+    """fit(), with a peer that hung or died turned from a transport error into a line that
+    says what this rank was doing and what to look for."""
+    try:
+        return fit(run)
+    except RuntimeError as err:
+        text = str(err)
+        if not run.denv.distributed or not any(p in text for p in PEER_FAILURES):
+            raise
+        what = (
+            f"no answer from the other ranks within dist.timeout_s={run.cfg.dist.timeout_s:g}s"
+            if "imed out" in text
+            else "another rank closed its connection"
+        )
+        raise PeerFailure(
+            f"rank {run.denv.rank}: {what} after step {run.state.step} (in a collective: "
+            "gradients, metrics, checkpoint or evaluation); a rank hung or died, see the "
+            f"first failing rank's log. Rerun with run.name={run.cfg.run.name} to resume"
+        ) from None
+
+
+class PeerFailure(RunError):
+    """Reported by every rank that saw it (each says its own view)."""
+
+
 def finish(run: Run, reason: str | None, seconds: float) -> None:
     st = run.state
     if reason:
+        cause = ", ".join(preempt.received()) or "a signal to another rank"
+        why = f"{reason}: {cause}" if reason == "preempted" else reason
         log(
-            f"stopped at step {st.step} ({reason}); checkpoint saved. Resume: rerun with "
+            f"stopped at step {st.step} ({why}); checkpoint saved. Resume: rerun with "
             f"run.name={run.cfg.run.name}"
         )
         return
@@ -632,9 +772,17 @@ def main(argv: list[str] | None = None) -> int:
         preempt.install_handlers()
         return train(cfg, recipe)
     except C.ConfigError as err:
-        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        if is_rank_zero():
             print(f"error: {one_line(err)}", file=sys.stderr)  # every rank fails alike; one says
         return 2
+    except RunError as err:
+        if is_rank_zero() or isinstance(err, PeerFailure):
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        return 1
+
+
+def is_rank_zero() -> bool:
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
 
 
 def one_line(err: Exception) -> str:
@@ -650,6 +798,9 @@ def preflight(cfg: C.Config, world_size: int) -> None:
     plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, world_size)
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
+    if cfg.run.name:
+        run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
+        rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
     wandb_mode(cfg.log)
 
 

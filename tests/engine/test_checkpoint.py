@@ -69,17 +69,62 @@ def test_latest_valid_skips_a_torn_checkpoint(tmp_path, capsys):
     newest.write_bytes(newest.read_bytes()[:100])  # torn, as by a crash mid-write elsewhere
     path, state = ckpt.latest_valid(tmp_path)
     assert state["step"] == 20 and path.name == "step-00000020.pt"
-    assert "skipping unreadable checkpoint" in capsys.readouterr().out
+    assert "skipping unreadable checkpoint" in capsys.readouterr().err
 
 
 def test_prune_keeps_the_newest(tmp_path):
     for step in (5, 10, 100, 20):
         ckpt.atomic_save({}, ckpt.checkpoint_path(tmp_path, step))
-    ckpt.prune(tmp_path, 2)
+    ckpt.prune(tmp_path, 2, ckpt.checkpoint_path(tmp_path, 100))
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
         "step-00000100.pt",
         "step-00000020.pt",
     ]
+
+
+def test_prune_never_deletes_the_checkpoint_just_written(tmp_path):
+    # Newer files a resumed run skipped as unreadable must not push the new one out.
+    for step in (30, 40):
+        ckpt.checkpoint_path(tmp_path, step).write_bytes(b"torn")
+    for step in (10, 20, 25):
+        ckpt.atomic_save({}, ckpt.checkpoint_path(tmp_path, step))
+    written = ckpt.checkpoint_path(tmp_path, 25)
+    ckpt.prune(tmp_path, 2, written)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    assert names == ["step-00000040.pt", "step-00000030.pt", written.name, "step-00000020.pt"]
+
+
+class Payload:
+    """Unpickling this runs code: it creates the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_no_loadable_checkpoint_is_an_error_naming_each_file(tmp_path):
+    marker = tmp_path / "payload-ran"
+    torch.save({"model": Payload(marker)}, ckpt.checkpoint_path(tmp_path, 20))
+    ckpt.checkpoint_path(tmp_path, 10).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError) as err:
+        ckpt.latest_valid(tmp_path)
+    message = str(err.value)
+    assert "step-00000020.pt: UnpicklingError" in message and "step-00000010.pt" in message
+    assert "another run.name" in message and "\n" not in message
+    assert not marker.exists(), "the planted payload ran"
+
+
+def test_config_changes_refuse_what_alters_the_run_and_allow_the_rest():
+    saved = {"seed": 0, "optim": {"lr": 0.1}, "train": {"epochs": 3, "batch_size": 64}}
+    saved |= {"log": {"every_steps": 10}, "data": {"augment": {"flip": True}, "root": "a"}}
+    current = {"seed": 0, "optim": {"lr": 0.2}, "train": {"epochs": 5, "batch_size": 64}}
+    current |= {"log": {"every_steps": 5}, "data": {"augment": {"flip": False}, "root": "b"}}
+    current |= {"model": {"width": 8}}  # a field added by a code update: not a change
+    refused, allowed = ckpt.config_changes(saved, current)
+    assert refused == ["data.augment.flip True -> False", "optim.lr 0.1 -> 0.2"]
+    assert allowed == ["data.root a -> b", "log.every_steps 10 -> 5", "train.epochs 3 -> 5"]
 
 
 def test_weights_only_refuses_arbitrary_objects(tmp_path):

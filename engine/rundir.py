@@ -1,0 +1,102 @@
+"""A run directory belongs to one job at a time, and a run in it is never silently erased.
+
+The lock is an flock on `<run dir>/.lock`, taken by rank 0 before it writes anything and held
+until the process ends: the kernel drops it when its holder dies (a crash, SIGKILL, a
+preempted job), so a requeue is never blocked by its own dead predecessor, while a second
+live launch (a double submission, a requeue racing the old job) is refused. flock works
+across nodes on NFSv4 and Lustre mounted with flock support."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+from engine.config import ConfigError
+
+LOCK_NAME = ".lock"
+TEMP_GLOB = ".step-*.tmp"  # checkpoint.atomic_save's partial files
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Metrics or checkpoints from an earlier launch."""
+    ckpts = run_dir / "checkpoints"
+    return (run_dir / "metrics.jsonl").exists() or (
+        ckpts.is_dir() and any(ckpts.glob("step-*.pt"))
+    )
+
+
+def check_fresh_start(run_dir: Path, resume: str, overwrite: bool) -> None:
+    """resume=none must not mix a new run into an old one's metrics and checkpoints."""
+    if resume == "none" and not overwrite and holds_a_run(run_dir):
+        raise ConfigError(
+            f"resume=none, but {run_dir} already holds a run; continue it with resume=auto, "
+            "start another with a new run.name, or set run.overwrite=true to move its files "
+            "aside and start afresh"
+        )
+
+
+def holder_description() -> dict:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _describe(holder_text: str) -> str:
+    try:
+        h = json.loads(holder_text)
+        job = f", SLURM job {h['slurm_job_id']}" if h.get("slurm_job_id") else ""
+        return f"host {h['host']}, pid {h['pid']}{job}, since {h['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no description"
+
+
+def make_private(path: Path) -> None:
+    """No write permission for others, whatever the umask (shared clusters)."""
+    mode = path.stat().st_mode
+    if mode & (stat.S_IWOTH | stat.S_IWGRP):
+        path.chmod(mode & ~(stat.S_IWOTH | stat.S_IWGRP))
+
+
+def acquire(run_dir: Path) -> int:
+    """Create the run directory and lock it; returns the descriptor to keep open."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(run_dir)
+    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace")
+        os.close(fd)
+        raise ConfigError(
+            f"{run_dir} is in use by another job ({_describe(holder)}); wait for it to end, "
+            "cancel it, or launch with another run.name"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder_description()).encode(), 0)
+    return fd
+
+
+def move_aside(run_dir: Path) -> Path:
+    """run.overwrite: the earlier run's files go to a sibling folder, nothing is deleted."""
+    aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    aside.mkdir()
+    for entry in run_dir.iterdir():
+        if entry.name != LOCK_NAME:
+            entry.rename(aside / entry.name)
+    return aside
+
+
+def remove_partial_checkpoints(folder: Path) -> list[Path]:
+    """Temporary files of checkpoints whose writer died; safe only while holding the lock."""
+    leftovers = sorted(folder.glob(TEMP_GLOB)) if folder.is_dir() else []
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return leftovers
