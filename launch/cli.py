@@ -140,17 +140,41 @@ def _whole(label: str, text: str, minimum: int, fix: str) -> int:
     return value
 
 
-def gpu_visible() -> bool:
-    """Cheap: no torch import. CUDA_VISIBLE_DEVICES='' (or -1) hides every GPU."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
-        return False
-    if os.path.exists("/dev/nvidia0"):
-        return True
+def installed_gpu_count() -> int:
+    """GPUs on this machine, without importing torch: nvidia-smi's list, else the device
+    files (a container may have the files without nvidia-smi)."""
     try:
         probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20)
+        if probe.returncode == 0:
+            return sum(line.startswith(b"GPU ") for line in probe.stdout.splitlines())
     except (OSError, subprocess.SubprocessError):
-        return False
-    return probe.returncode == 0 and b"GPU" in probe.stdout
+        pass
+    return sum(bool(re.fullmatch(r"nvidia[0-9]+", p.name)) for p in Path("/dev").glob("nvidia*"))
+
+
+def visible_gpu_count() -> int:
+    """CUDA devices a process started from here sees: CUDA_VISIBLE_DEVICES narrows the
+    installed ones, and CUDA ignores everything from its first empty or -1 entry on."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return installed_gpu_count()
+    entries = [e.strip() for e in mask.split(",")]
+    listed = next((i for i, e in enumerate(entries) if e in ("", "-1")), len(entries))
+    return min(listed, installed_gpu_count()) if listed else 0
+
+
+def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
+    """More GPUs than are visible would quietly train that many CPU processes (the engine's
+    device=auto falls back to the CPU); a dry run may be meant for another machine: a warning."""
+    visible = visible_gpu_count()
+    if gpus <= visible:
+        return
+    fewer = f"GPUS={visible} or fewer, or " if visible else ""
+    problem = f"{label}={gpus} but {visible} CUDA device(s) are visible here"
+    fix = f"set {fewer}GPUS=0 for CPU processes (PROCS=N for N of them)"
+    if not dry:
+        raise UserError(f"{problem}; {fix}")
+    print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
 
 
 def recipes_dir(env: Mapping[str, str]) -> Path:
@@ -269,15 +293,26 @@ def default_image(src: Path) -> str:
     return f"recipes:{sha}" if sha else "recipes:dev"
 
 
+def recipe_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    label, recipe = _pick(args.recipe, "--recipe", env, "RECIPE") or ("RECIPE", "digits")
+    if not RECIPE_NAME.fullmatch(recipe):
+        names = ", ".join(available_recipes(env)) or "none"
+        raise UserError(
+            f"{label}={recipe!r} is not a recipe name (letters, digits, '_', '.', '-'; "
+            f"no path); use one of: {names}"
+        )
+    return recipe
+
+
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
-    recipe = args.recipe or env.get("RECIPE") or "digits"
+    recipe = recipe_name(args, env)
     variant = args.config or env.get("CONFIG") or ""
     config = load_recipe_config(recipe, env, variant)
     overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
 
     picked = _pick(args.gpus, "--gpus", env, "GPUS")
     fix = "use GPUS=0 for CPU or GPUS=N for N GPUs per node"
-    gpus = _whole(*picked, 0, fix) if picked else int(gpu_visible())
+    gpus = _whole(*picked, 0, fix) if picked else int(visible_gpu_count() > 0)
     nodes = _whole(
         *(_pick(args.nodes, "--nodes", env, "NODES") or ("NODES", "1")),
         1,
@@ -312,6 +347,9 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     image = args.image or env.get("IMAGE") or ""
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
+    slurm = resolve_slurm(args, env, config)
+    if picked and target == "local":  # last: a warning never precedes an error
+        check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
     return Request(
         recipe=recipe,
         run_name=name or new_run_name(recipe, variant),
@@ -328,7 +366,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         data=env.get("RECIPES_DATA") or "data",
         run_root=str(run_root or "runs"),
         uid_gid=f"{os.getuid()}:{os.getgid()}",
-        slurm=resolve_slurm(args, env, config),
+        slurm=slurm,
     )
 
 

@@ -184,7 +184,10 @@ def test_make_dry_run_cpu_processes(recipes):
 
 BAD = {
     "unknown recipe": ({"RECIPE": "nope"}, [], "unknown recipe 'nope'; available: digits, other"),
-    "recipe path": ({"RECIPE": "../digits"}, [], "unknown recipe"),
+    "recipe path": ({"RECIPE": "../digits"}, [], "RECIPE='../digits' is not a recipe name"),
+    "recipe subfolder": ({"RECIPE": "digits/x"}, [], "is not a recipe name (letters, digits"),
+    "recipe absolute": ({}, ["--recipe", "/etc"], "--recipe='/etc' is not a recipe name"),
+    "recipe line break": ({"RECIPE": "digits\n"}, [], "no path); use one of: digits, other"),
     "gpus not a number": ({"GPUS": "abc"}, [], "GPUS='abc' is not a whole number"),
     "negative gpus": ({}, ["--gpus", "-1"], "--gpus='-1' is not a whole number >= 0"),
     "zero nodes": ({"NODES": "0"}, [], "NODES='0' is not a whole number >= 1"),
@@ -195,6 +198,11 @@ BAD = {
     "unbalanced quote": ({"ARGS": "a='1"}, [], "ARGS cannot be split"),
     "bad run name": ({"ARGS": "run.name=a/b"}, [], "run.name='a/b'"),
     "multi-node needs rendezvous": ({"NODES": "2", "GPUS": "1"}, [], "RDZV_ENDPOINT=HOST:PORT"),
+    "multi-node named, no rendezvous": (
+        {"ARGS": "run.name=shared"},
+        ["--nodes", "2"],
+        "NODES=2 runs this command on each node",
+    ),
     "bad endpoint": ({"RDZV_ENDPOINT": "nohost"}, [], "is not HOST:PORT"),
     "bad target": ({}, ["--target", "k8s"], "--target='k8s' is not one of"),
     "bad target env": ({"TARGET": "x86_64"}, [], "TARGET='x86_64' is not one of local"),
@@ -217,6 +225,80 @@ def test_bad_input_is_one_line_exit_2(case, recipes):
     line = one_line(done.stderr)
     assert line.startswith("launch: ") and message in line, line
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def fake_nvidia_smi(folder: Path, gpus: int) -> Path:
+    """nvidia-smi -L listing `gpus` GPUs, each with a MIG line that is not a GPU of its own."""
+    folder.mkdir(exist_ok=True)
+    lines = "".join(
+        f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})\\n  MIG 1g.18gb Device 0: (UUID: MIG-{i})\\n"
+        for i in range(gpus)
+    )
+    (folder / "nvidia-smi").write_text(f'#!/bin/sh\nprintf "{lines}"\n')
+    (folder / "nvidia-smi").chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "mask, visible",
+    [(None, 4), ("0,1", 2), ("3", 1), ("0,-1,2", 1), ("", 0), ("-1", 0), ("0,1,2,3,4,5", 4)],
+)
+def test_visible_gpus_are_the_installed_ones_narrowed_by_cuda_visible_devices(
+    monkeypatch, tmp_path, mask, visible
+):
+    from launch.cli import visible_gpu_count
+
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", 4)))
+    if mask is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
+    assert visible_gpu_count() == visible
+
+
+def test_more_gpus_than_visible_is_refused_before_anything_starts(fake_checkout, tmp_path):
+    record = tmp_path / "rec"
+    done = launch(
+        "train", cwd=fake_checkout, GPUS="1", CUDA_VISIBLE_DEVICES="", FAKE_RECORD=str(record)
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    line = one_line(done.stderr)
+    assert line == (
+        "launch: GPUS=1 but 0 CUDA device(s) are visible here; "
+        "set GPUS=0 for CPU processes (PROCS=N for N of them)"
+    )
+    assert not record.exists()  # the engine never started
+
+
+@pytest.mark.parametrize("command", [["dry-run"], ["render", "--target", "local"]])
+def test_a_dry_run_with_more_gpus_than_visible_prints_and_warns(recipes, command):
+    done = launch(*command, GPUS="8", CUDA_VISIBLE_DEVICES="", RECIPES_DIR=str(recipes))
+    assert done.returncode == 0
+    assert "--nproc_per_node=8" in shlex.split(one_line(done.stdout))
+    assert one_line(done.stderr).startswith(
+        "launch: warning: GPUS=8 but 0 CUDA device(s) are visible here; to run it here, set GPUS=0"
+    )
+
+
+@pytest.mark.parametrize("gpus, warned", [("2", False), ("3", True)])
+def test_gpus_up_to_the_visible_count_pass(recipes, tmp_path, gpus, warned):
+    bindir = fake_nvidia_smi(tmp_path / "bin", 2)
+    done = launch(
+        "dry-run", GPUS=gpus, RECIPES_DIR=str(recipes), PATH=f"{bindir}:{os.environ['PATH']}"
+    )
+    assert done.returncode == 0 and f"--nproc_per_node={gpus}" in done.stdout
+    assert (
+        "GPUS=3 but 2 CUDA device(s) are visible here; to run it here, set GPUS=2 or fewer"
+        in done.stderr
+    ) is warned
+
+
+def test_containers_and_slurm_are_not_checked_against_this_machines_gpus(recipes):
+    for command in (["render", "--target", "docker"], ["render", "--target", "pyxis"], ["submit"]):
+        done = launch(
+            *command, GPUS="8", DRY_RUN="1", CUDA_VISIBLE_DEVICES="", RECIPES_DIR=str(recipes)
+        )
+        assert done.returncode == 0 and done.stderr == "", (command, done.stderr)
 
 
 def test_unknown_recipe_lists_the_real_recipes_by_default():
