@@ -9,6 +9,8 @@ Environment (all optional):
   IMAGE (recipes:<git short sha>)  SIF (recipes.sif)  DRY_RUN (1: print, don't run)  SEEDS (3)
   TARGET (local; train: local|docker|pyxis|apptainer, sweep: local|submit)
   RDZV_ENDPOINT (HOST:PORT of the first node; required when NODES > 1 outside SLURM)
+  MAX_RESTARTS (0; torchrun restarts the workers this often after a failure, resuming from
+  the last checkpoint: local, docker and apptainer targets, not SLURM, which requeues)
   RECIPES_DATA (data root on the host, ./data; /data inside containers)
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="container image (env IMAGE)")
     p.add_argument("--sif", help="apptainer image file (env SIF, default recipes.sif)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the first node (env RDZV_ENDPOINT)")
+    p.add_argument("--max-restarts", help="torchrun restarts after a failure (env MAX_RESTARTS)")
     p.add_argument(
         "--target", help=f"train: {'|'.join(RUN_TARGETS)}; render: also sbatch|image|sif"
     )
@@ -304,6 +307,19 @@ def recipe_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     return recipe
 
 
+def max_restarts(args: argparse.Namespace, env: Mapping[str, str], target: str) -> int:
+    picked = _pick(args.max_restarts, "--max-restarts", env, "MAX_RESTARTS")
+    if not picked:
+        return 0
+    restarts = _whole(*picked, 0, "use MAX_RESTARTS=N to restart failed workers N times, or 0")
+    if restarts and target in ("pyxis", "sbatch", "submit"):
+        raise UserError(
+            f"{picked[0]}={restarts} restarts torchrun's workers, but SLURM starts this run "
+            "without torchrun; leave it 0 (SLURM requeues a preempted job: MAX_REQUEUES)"
+        )
+    return restarts
+
+
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
     recipe = recipe_name(args, env)
     variant = args.config or env.get("CONFIG") or ""
@@ -343,6 +359,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
                 "(the first node) and one run name for all, ARGS='run.name=NAME'"
             )
 
+    restarts = max_restarts(args, env, target)
     run_root = override_value(overrides, "run.root") or (config.get("run") or {}).get("root")
     image = args.image or env.get("IMAGE") or ""
     if not image and target in ("docker", "pyxis", "image", "sif"):
@@ -362,6 +379,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         image=image or "recipes:dev",
         sif=args.sif or env.get("SIF") or "recipes.sif",
         rdzv_endpoint=rdzv[1] if rdzv else None,
+        max_restarts=restarts,
         src=str(ROOT),
         data=env.get("RECIPES_DATA") or "data",
         run_root=str(run_root or "runs"),

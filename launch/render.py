@@ -52,6 +52,7 @@ class Request:
     image: str = "recipes:dev"
     sif: str = "recipes.sif"
     rdzv_endpoint: str | None = None  # HOST:PORT of the first node when nodes > 1
+    max_restarts: int = 0  # torchrun restarts all workers this often after one fails
     src: str = "."  # host checkout, mounted at /workspace in containers
     data: str = "data"  # host data root (RECIPES_DATA), mounted at /data
     run_root: str = "runs"  # run.root of the engine config
@@ -96,20 +97,23 @@ def engine_command(req: Request, python: str) -> list[str]:
     """The command one node runs: plain python, torchrun standalone, or multi-node torchrun.
 
     torchrun is started as `python -m torch.distributed.run` (its console script is exactly
-    that), so the interpreter that runs is the one named here, venv or image."""
+    that), so the interpreter that runs is the one named here, venv or image. One process
+    with max_restarts runs under torchrun too: torchrun is what restarts it."""
     module = ["-m", "engine.train", *engine_args(req)]
     n = req.procs_per_node
-    if req.nodes == 1 and n == 1:
+    if req.nodes == 1 and n == 1 and not req.max_restarts:
         return [python, *module]
     torchrun = [python, "-m", "torch.distributed.run"]
+    restarts = [f"--max-restarts={req.max_restarts}"] if req.max_restarts else []
     if req.nodes == 1:
-        return [*torchrun, "--standalone", f"--nproc_per_node={n}", *module]
+        return [*torchrun, "--standalone", f"--nproc_per_node={n}", *restarts, *module]
     if not req.rdzv_endpoint:
         raise ValueError("nodes > 1 needs rdzv_endpoint (HOST:PORT of the first node)")
     return [
         *torchrun,
         f"--nnodes={req.nodes}",
         f"--nproc_per_node={n}",
+        *restarts,
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={req.rdzv_endpoint}",
         f"--rdzv_id={req.run_name}",  # the same on every node: the run name is shared

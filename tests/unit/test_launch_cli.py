@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUEST_VARS = (
     "RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS TARGET RDZV_ENDPOINT RECIPES_DATA RECIPES_DIR "
     "PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S "
-    "MAX_REQUEUES MAKEFLAGS MAKELEVEL MFLAGS"
+    "MAX_REQUEUES MAX_RESTARTS MAKEFLAGS MAKELEVEL MFLAGS"
 ).split()
 CONFIG = """\
 seed: 0
@@ -179,6 +179,28 @@ def test_make_dry_run_cpu_processes(recipes):
     assert "device=cpu" in argv and any(RUN_NAME.fullmatch(a) for a in argv)
 
 
+def test_make_exports_max_restarts_to_torchrun(recipes):
+    done = subprocess.run(
+        ["make", "-s", "dry-run", "GPUS=0", "PROCS=2", "MAX_RESTARTS=3"],
+        cwd=ROOT,
+        env=clean_env(RECIPES_DIR=str(recipes)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    assert argv[3:6] == ["--standalone", "--nproc_per_node=2", "--max-restarts=3"]
+
+
+def test_max_restarts_flag_wins_over_the_environment(recipes):
+    done = launch(
+        "dry-run", "--max-restarts", "0", GPUS="0", PROCS="2", MAX_RESTARTS="5",
+        RECIPES_DIR=str(recipes),
+    )  # fmt: skip
+    assert done.returncode == 0 and "max-restarts" not in done.stdout, done.stderr
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -211,13 +233,26 @@ BAD = {
     "bad slurm int": ({"TIME_MIN": "soon"}, [], "TIME_MIN='soon'"),
     "line break": ({"PARTITION": "a\nb"}, [], "PARTITION cannot contain a line break"),
     "seeds": ({"SEEDS": "0"}, [], "SEEDS='0' is not a whole number >= 1"),
+    "negative restarts": (
+        {"MAX_RESTARTS": "-1"},
+        [],
+        "MAX_RESTARTS='-1' is not a whole number >= 0",
+    ),
+    "restarts not a number": ({}, ["--max-restarts", "2.5"], "--max-restarts='2.5' is not a whole"),
+    "restarts under slurm": ({"MAX_RESTARTS": "2"}, ["--target", "pyxis"], "SLURM starts this run"),
+    "restarts submitted": ({"MAX_RESTARTS": "1"}, [], "leave it 0 (SLURM requeues"),
 }
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_one_line_exit_2(case, recipes):
     env, args, message = BAD[case]
-    commands = {"bad command": ["fly"], "line break": ["submit"], "seeds": ["sweep"]}
+    commands = {
+        "bad command": ["fly"],
+        "line break": ["submit"],
+        "seeds": ["sweep"],
+        "restarts submitted": ["submit"],
+    }
     command = commands.get(case, [] if case == "no command" else ["train"])
     env = {"GPUS": "0", "DRY_RUN": "1", "RECIPES_DIR": str(recipes), **env}
     done = launch(*command, *args, **env)

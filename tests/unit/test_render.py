@@ -66,6 +66,30 @@ def test_multi_node_cpu_uses_procs_per_node():
     assert "--nproc_per_node=2" in argv and "--nnodes=2" in argv and "device=cpu" in argv
 
 
+def test_max_restarts_is_torchruns_flag_on_every_torchrun_target():
+    plain = {
+        "standalone": render.local(req(gpus=2, max_restarts=3)),
+        "multi-node": render.local(req(gpus=2, nodes=2, rdzv_endpoint="h:1", max_restarts=3)),
+        "docker": render.docker_run(req(gpus=2, max_restarts=3)),
+        "apptainer": render.apptainer(req(gpus=2, max_restarts=3)),
+    }
+    for target, argv in plain.items():
+        i = argv.index("torch.distributed.run")
+        assert argv[i + 1 : argv.index("engine.train")].count("--max-restarts=3") == 1, target
+
+
+def test_max_restarts_zero_leaves_the_flag_out_and_one_process_plain():
+    assert not any("max-restarts" in a for a in render.local(req(gpus=2, max_restarts=0)))
+    assert render.local(req(gpus=1)) == [PY, "-m", "engine.train", "digits", "run.name=RUN"]
+
+
+def test_one_process_with_restarts_runs_under_torchrun_which_restarts_it():
+    argv = render.local(req(gpus=1, max_restarts=2))
+    assert argv[:6] == [
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "--max-restarts=2"
+    ]  # fmt: skip
+
+
 def test_multi_node_without_endpoint_is_refused():
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         render.local(req(gpus=2, nodes=2))
