@@ -56,8 +56,8 @@ RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
 OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-ENDPOINT = re.compile(r"[^\s:]+:\d{1,5}")
+RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # a folder name, never a path
+ENDPOINT = re.compile(r"[^\s:]+:[0-9]{1,5}")
 SLURM_INTS = ("time_min", "cpus_per_task", "mem_gb", "signal_delay_s", "max_requeues")
 SLURM_FLAGS = {  # field: (flag, environment variable)
     "partition": ("--partition", "PARTITION"),
@@ -177,7 +177,7 @@ def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
     fix = f"set {fewer}GPUS=0 for CPU processes (PROCS=N for N of them)"
     if not dry:
         raise UserError(f"{problem}; {fix}")
-    print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
+    print(f"launch: warning: {printable(problem)}; to run it here, {fix}", file=sys.stderr)
 
 
 def recipes_dir(env: Mapping[str, str]) -> Path:
@@ -495,8 +495,16 @@ def cmd_recipes(env: Mapping[str, str]) -> int:
     return 0
 
 
+def printable(text: str) -> str:
+    """Control characters escaped as repr writes them: a value with a line break or a terminal
+    escape sequence cannot split a message or hide part of it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
+    if hasattr(sys.stdout, "reconfigure"):  # argv bytes that are not UTF-8 print as they came
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.command == "submit":
@@ -507,7 +515,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             return cmd_recipes(env)
         return cmd_run(args, env)
     except UserError as e:
-        print(f"launch: {e}", file=sys.stderr)
+        print(f"launch: {printable(str(e))}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return 130

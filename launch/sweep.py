@@ -186,7 +186,9 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from launch import cli
 
     use_slurm = args.slurm or cli.pick_target(args, env)[1] == "submit"
-    if args.report:
+    if args.report is not None:
+        if not cli.RUN_NAME.fullmatch(args.report):
+            raise UserError(f"--report={args.report!r} is not a run name; give the sweep's BASE")
         req = cli.resolve(args, env, target="report")
         return report_only(req, args.report)
     picked = cli._pick(args.seeds, "--seeds", env, "SEEDS") or ("SEEDS", "3")

@@ -130,7 +130,7 @@ def nodelists(suffix: bool = True):
     return st.lists(host_pattern(suffix), min_size=1, max_size=3).map(",".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(nodelists())
 def test_expand_nodelist_agrees_with_submitit(nodelist):
     assert expand_nodelist(nodelist) == _parse_node_list(nodelist)
@@ -139,7 +139,9 @@ def test_expand_nodelist_agrees_with_submitit(nodelist):
 @pytest.mark.skipif(
     SCONTROL is None, reason="scontrol is not on PATH (apt-get install slurm-client)"
 )
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(nodelists(suffix=False))  # Slurm 22.05 rejects text after a name's last bracket
 def test_expand_nodelist_agrees_with_scontrol(nodelist):
     done = subprocess.run(
