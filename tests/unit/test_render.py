@@ -297,17 +297,26 @@ def run_bash(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
     )
 
 
-def test_sbatch_script_srun_line_quotes_every_override(tmp_path):
-    r = req(gpus=0, python="python", overrides=(f"x={INJECT}", INJECT_KV, INJECT))
-    done = run_bash(render.sbatch_script(r), tmp_path)
+def test_sbatch_script_keeps_every_hostile_value_inert(tmp_path):
+    r = hostile_request(python=hostile("python"))
+    script = render.sbatch_script(r)
+    done = run_bash(script, tmp_path)
     assert done.returncode == 0, done.stderr
     (srun,) = calls(tmp_path / "log")
     assert srun == [
-        "srun", "--unbuffered", "--kill-on-bad-exit=1", "python", "-m", "engine.train",
+        "srun", "--unbuffered", "--kill-on-bad-exit=1", r.python, "-m", "engine.train",
         *render.engine_args(r),
     ]  # fmt: skip
-    assert srun[-1] == INJECT and srun[-2] == INJECT_KV
-    assert not list(tmp_path.glob("pwned*"))
+    assert srun[-4:-1] == [f"x={INJECT}", INJECT_KV, INJECT]
+    assert_inert(srun, tmp_path)
+    directives = {
+        "job-name": f"{r.recipe}-{r.run_name}", "partition": r.slurm.partition,
+        "account": r.slurm.account, "qos": r.slurm.qos, "constraint": r.slurm.constraint,
+        "exclude": r.slurm.exclude, "chdir": r.src,
+    }  # fmt: skip
+    lines = {line.split("=")[0]: line for line in sbatch_lines(script)}
+    for key, value in directives.items():  # each directive's value is one shell word
+        assert shlex.split(lines[f"#SBATCH --{key}"]) == ["#SBATCH", f"--{key}={value}"], key
 
 
 @pytest.mark.parametrize(
@@ -323,26 +332,61 @@ def test_sbatch_script_requeues_on_exit_75(tmp_path, rc, restarts, requeued):
 
 # ---------------------------------------------------------------- quoting, every target
 
+# Pasted unquoted, this runs every touch (the quotes after '#' are a comment); quoted, none.
+PAYLOAD = "pwned$(touch pwned1)`touch pwned2`;touch pwned3|touch pwned4&&touch pwned5 #'\""
+
+
+def hostile(field: str) -> str:
+    return f"{field}-{PAYLOAD}"
+
+
+def hostile_request(**kw) -> Request:
+    """Every string a request carries holds the payload; `python` stays a program on PATH."""
+    slurm = Slurm(
+        **{k: hostile(k) for k in ("partition", "account", "qos", "constraint", "exclude")}
+    )
+    fields = dict(
+        recipe=hostile("recipe"), run_name=hostile("run"), variant=hostile("variant"),
+        overrides=(f"x={INJECT}", INJECT_KV, INJECT, f"note={PAYLOAD}\n{PAYLOAD}"),
+        python="python", image=hostile("image"), sif=hostile("sif"), src=hostile("/src"),
+        data=hostile("data"), run_root=hostile("runs"), uid_gid=hostile("uid"),
+        rdzv_endpoint=hostile("rdzv"), slurm=slurm,
+    )  # fmt: skip
+    return req(**{**fields, **kw})
+
+
+def assert_inert(argv: list[str], tmp_path: Path) -> None:
+    """Nothing ran, and no value was split: an argument with part of the payload has all of it."""
+    assert not list(tmp_path.glob("pwned*")) and not (tmp_path / "x").exists()
+    assert all(PAYLOAD in a or a == INJECT_KV for a in argv if "pwned" in a)
+
+
+def with_(**kw):
+    return lambda r: Request(**{**r.__dict__, **kw})
+
+
 TARGETS = {
-    "local cpu": lambda r: render.local(r),
-    "torchrun": lambda r: render.local(Request(**{**r.__dict__, "gpus": 2})),
-    "multi-node": lambda r: render.local(
-        Request(**{**r.__dict__, "gpus": 2, "nodes": 2, "rdzv_endpoint": "h:1"})
-    ),
+    "local cpu": render.local,
+    "torchrun": lambda r: render.local(with_(gpus=2)(r)),
+    "multi-node": lambda r: render.local(with_(gpus=2, nodes=2)(r)),
+    "restarts": lambda r: render.local(with_(max_restarts=2)(r)),
     "docker": render.docker_run,
+    "docker multi-node": lambda r: render.docker_run(with_(gpus=2, nodes=2)(r)),
     "pyxis": render.pyxis,
     "apptainer": render.apptainer,
+    "image build": lambda r: render.image_build(r, hostile("sha"), hostile("lock")),
+    "sif build": render.sif_build,
 }
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_injection_stays_one_inert_argument(target, tmp_path):
-    r = req(gpus=0, python="python", overrides=(f"x={INJECT}", INJECT_KV, INJECT))
-    argv = TARGETS[target](r)
-    assert count(argv, INJECT) == 1 and count(argv, INJECT_KV) == 1
+    argv = TARGETS[target](hostile_request())
+    if "engine.train" in argv:
+        assert count(argv, INJECT) == 1 and count(argv, INJECT_KV) == 1
     printed = render.shell_join(argv)
     assert shlex.split(printed) == argv
     done = run_bash(printed, tmp_path)  # the printed line, pasted into a shell
     assert done.returncode == 0, done.stderr
     assert calls(tmp_path / "log") == [argv]
-    assert not list(tmp_path.glob("pwned*")) and not (tmp_path / "x").exists()
+    assert_inert(argv, tmp_path)
