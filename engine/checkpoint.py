@@ -71,7 +71,7 @@ def atomic_save(obj: Any, path: Path, pause_s: float = 0.0) -> None:
             if pause_s:
                 _write_with_pause(obj, f, pause_s)
             else:
-                torch.save(obj, f)
+                _save_reporting_os_errors(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -83,6 +83,54 @@ def atomic_save(obj: Any, path: Path, pause_s: float = 0.0) -> None:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+class _WriteRecorder:
+    """torch.save's zip writer turns a failed write (a full disk) into a RuntimeError about
+    stream positions; this keeps the OSError so the error can say what really happened."""
+
+    def __init__(self, f):
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save_reporting_os_errors(obj: Any, f) -> None:
+    recorder = _WriteRecorder(f)
+    try:
+        torch.save(obj, recorder)
+    except RuntimeError:
+        if recorder.error is not None:
+            raise recorder.error from None
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """A small file replaced whole or not at all (a full disk keeps the old one)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _write_with_pause(obj: Any, f, pause_s: float) -> None:
@@ -136,7 +184,9 @@ def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torn by a crash, tampered, or from an incompatible version
             failures.append(f"{path.name}: {_reason(err)}")
-            print(f"warning: skipping unreadable checkpoint {path}: {_reason(err)}", file=sys.stderr)
+            print(
+                f"warning: skipping unreadable checkpoint {path}: {_reason(err)}", file=sys.stderr
+            )
             continue
         return path, state
     if failures:

@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import socket
-import stat
 import time
 from pathlib import Path
 
@@ -25,9 +24,7 @@ TEMP_GLOB = ".step-*.tmp"  # checkpoint.atomic_save's partial files
 def holds_a_run(run_dir: Path) -> bool:
     """Metrics or checkpoints from an earlier launch."""
     ckpts = run_dir / "checkpoints"
-    return (run_dir / "metrics.jsonl").exists() or (
-        ckpts.is_dir() and any(ckpts.glob("step-*.pt"))
-    )
+    return (run_dir / "metrics.jsonl").exists() or (ckpts.is_dir() and any(ckpts.glob("step-*.pt")))
 
 
 def check_fresh_start(run_dir: Path, resume: str, overwrite: bool) -> None:
@@ -58,17 +55,9 @@ def _describe(holder_text: str) -> str:
         return "a process that left no description"
 
 
-def make_private(path: Path) -> None:
-    """No write permission for others, whatever the umask (shared clusters)."""
-    mode = path.stat().st_mode
-    if mode & (stat.S_IWOTH | stat.S_IWGRP):
-        path.chmod(mode & ~(stat.S_IWOTH | stat.S_IWGRP))
-
-
 def acquire(run_dir: Path) -> int:
     """Create the run directory and lock it; returns the descriptor to keep open."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    make_private(run_dir)
     fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

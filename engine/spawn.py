@@ -5,6 +5,7 @@ Each child gets the variables torchrun would set, so it runs exactly the torchru
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 
@@ -44,6 +45,22 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
         raise SystemExit(code)
 
 
+def _pass_signals_on(ctx) -> None:
+    """SIGTERM and SIGUSR2 sent to this parent reach every child, which checkpoints and stops.
+    Ctrl-C already reaches them (the terminal signals the whole process group): the parent
+    only waits for them, instead of dying first with a KeyboardInterrupt."""
+
+    def forward(signum, frame):
+        if signum == signal.SIGINT:
+            return
+        for process in ctx.processes:
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
+        signal.signal(sig, forward)
+
+
 def spawn_local(n: int, head: list[str], overrides: list[str], run_name: str) -> int:
     """The parent picks the run name and port so every child agrees on them. `head` is the
     recipe and its variant option, as given."""
@@ -56,6 +73,7 @@ def spawn_local(n: int, head: list[str], overrides: list[str], run_name: str) ->
     ctx = mp.start_processes(
         _child, args=(n, free_port(), argv, threads), nprocs=n, join=False, start_method="spawn"
     )
+    _pass_signals_on(ctx)
     try:
         while not ctx.join():
             pass

@@ -214,12 +214,12 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     lock_fd = D.on_main(lambda: claim_run_dir(cfg, run_dir))
     tracker = NullTracker()
     if denv.is_main:
-        (run_dir / "config.yaml").write_text(C.dump(cfg))
+        ckpt.atomic_write_text(run_dir / "config.yaml", C.dump(cfg))
         tracker = Tracker(run_dir, cfg.log, mode, cfg.to_dict(), state.step)
     hosts = D.gather_objects(D.host_name())
     if denv.is_main:
         env = environment(denv.world_size, hosts, device)
-        (run_dir / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+        ckpt.atomic_write_text(run_dir / "env.json", json.dumps(env, indent=2) + "\n")
     train_loss, eval_loss = losses(cfg, recipe)
     return Run(
         cfg,
@@ -257,7 +257,6 @@ def claim_run_dir(cfg: C.Config, run_dir: Path) -> int:
         log(f"run.overwrite: the earlier run's files are now in {rundir.move_aside(run_dir)}")
     folder = run_dir / "checkpoints"
     folder.mkdir(exist_ok=True)
-    rundir.make_private(folder)
     for leftover in rundir.remove_partial_checkpoints(folder):
         log(f"removed {leftover.name}, a checkpoint whose writing was interrupted")
     return fd
@@ -398,7 +397,10 @@ def evaluate(run: Run, model: nn.Module) -> dict:
         run.skip_bad,
     )
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss top1 top5 count skipped
+    seen = []
     for batch in loader:
+        if run.cfg.log.sample_ids:
+            seen += batch.index.tolist()
         x, y = to_device(batch.x, batch.y, run)
         keep = (batch.replaced == 0).to(device)
         logits = predict(run, model, x)
@@ -408,6 +410,8 @@ def evaluate(run: Run, model: nn.Module) -> dict:
         kept = keep.sum()
         totals += torch.stack([loss.double(), hits[:, 0].sum(), hits.sum(), kept, len(y) - kept])
     D.all_reduce_sum(totals)
+    if run.cfg.log.sample_ids:
+        write_ids(run, {"kind": "eval", "step": run.state.step, "ids_by_rank": seen})
     loss_sum, top1, top5, count, skipped = totals.tolist()
     if int(count + skipped) != len(run.eval_data):
         raise RuntimeError(f"evaluated {int(count)} samples, expected {len(run.eval_data)}")
@@ -601,6 +605,14 @@ def write_sample_ids(run: Run, micro: list) -> None:
             f.write(json.dumps({"step": run.state.step, "ids": sorted(sum(gathered, []))}) + "\n")
 
 
+def write_ids(run: Run, record: dict) -> None:
+    """log.sample_ids: which samples each rank evaluated, to eval_samples.jsonl (tests)."""
+    record["ids_by_rank"] = D.gather_objects(record["ids_by_rank"])
+    if run.denv.is_main:
+        with (run.run_dir / "eval_samples.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def fit(run: Run) -> str | None:
     cfg, st = run.cfg, run.state
     progress = Progress(run.total_steps, st.step, cfg.log.progress, run.denv.is_main)
@@ -677,6 +689,14 @@ def fit_or_explain(run: Run) -> str | None:
     says what this rank was doing and what to look for."""
     try:
         return fit(run)
+    except OSError as err:  # the run directory's disk is full, read-only or gone
+        newest = ckpt.list_checkpoints(run.run_dir / "checkpoints")
+        intact = f"{newest[0].name} is intact" if newest else "no checkpoint was saved"
+        raise RunError(
+            f"could not write {err.filename or 'in the run directory'}: {err.strerror or err}; "
+            f"{intact}. Free space or fix permissions, then rerun with "
+            f"run.name={run.cfg.run.name} to resume"
+        ) from None
     except RuntimeError as err:
         text = str(err)
         if not run.denv.distributed or not any(p in text for p in PEER_FAILURES):
@@ -721,7 +741,7 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
     if run.skip_bad:
         summary["bad_samples"] = st.bad_samples
         log(f"skipped {st.bad_samples} unreadable training samples (data.skip_bad)")
-    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    ckpt.atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log(
         f"{run.cfg.recipe}: top1 {100 * ev['top1']:.2f}% top5 {100 * ev['top5']:.2f}% "
         f"in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}"
@@ -759,6 +779,7 @@ def parse_argv(argv: list[str]) -> tuple[str, str, list[str], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    os.umask(os.umask(0) | 0o022)  # nothing the run writes is writable by others
     try:
         recipe_name, variant, overrides, spawn = parse_argv(argv)
         cfg, recipe = load_config(recipe_name, overrides, variant)
