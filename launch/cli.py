@@ -177,7 +177,7 @@ def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
     fix = f"set {fewer}GPUS=0 for CPU processes (PROCS=N for N of them)"
     if not dry:
         raise UserError(f"{problem}; {fix}")
-    print(f"launch: warning: {printable(problem)}; to run it here, {fix}", file=sys.stderr)
+    print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
 
 
 def recipes_dir(env: Mapping[str, str]) -> Path:

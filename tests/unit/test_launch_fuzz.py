@@ -27,7 +27,7 @@ from launch import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
