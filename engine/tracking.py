@@ -1,8 +1,14 @@
 """What a run leaves behind: metrics.jsonl, env.json, a W&B run, a progress display.
-Only rank 0 creates these; other ranks get a Tracker that does nothing."""
+Only rank 0 creates these; other ranks get a Tracker that does nothing.
+
+W&B never stops training: `auto` falls back to offline when W&B cannot be reached, and a
+W&B failure mid-run is reported once and W&B is then left out. Credentials from the
+environment are redacted from everything a run records."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import netrc
@@ -10,11 +16,16 @@ import os
 import platform
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 
@@ -29,25 +40,132 @@ PROVENANCE_VARS = (
 )
 REPO = Path(__file__).resolve().parent.parent
 
+# ---------------------------------------------------------------- secrets
+
+CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+MIN_SECRET_CHARS = 8  # shorter values ("1", "true") would blank out unrelated text
+
+
+def credentials_in_environment() -> dict[str, str]:
+    """value -> variable name, for each variable whose name looks like a credential."""
+    found = {
+        value: name
+        for name, value in os.environ.items()
+        if any(word in name.upper() for word in CREDENTIAL_WORDS) and len(value) >= MIN_SECRET_CHARS
+    }
+    return dict(sorted(found.items(), key=lambda item: -len(item[0])))  # longest first
+
+
+def redact(value: Any) -> Any:
+    """`value` with every credential from the environment replaced by `<redacted NAME>`, in
+    strings and inside lists, tuples and dicts (a user may paste a key into an override)."""
+    return _redact(value, credentials_in_environment())
+
+
+def _redact(value: Any, found: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        for secret, name in found.items():
+            value = value.replace(secret, f"<redacted {name}>")
+        return value
+    if isinstance(value, dict):
+        return {k: _redact(v, found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_redact(v, found) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------- W&B mode
+
+PROBE_TIMEOUT_S = 5.0  # DNS, connect and first answer together
+# wandb's own defaults wait 90 s for init and forever for the last upload; a run should not.
+# Applied unless the user sets WANDB_INIT_TIMEOUT / WANDB_FINISH_TIMEOUT.
+WANDB_TIMEOUTS = {"init_timeout": 30.0, "finish_timeout": 300.0}
+
 
 def wandb_mode(cfg: LogConfig) -> str:
-    """auto: online with credentials, else offline. Checked before anything is written."""
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or _netrc_has_wandb()
-    if cfg.wandb == "online" and not has_key:
+    """auto: online when there are credentials and W&B answers, else offline. online: both,
+    or a one-line error. Checked in preflight, before anything is written."""
+    if cfg.wandb in ("off", "offline"):
+        return cfg.wandb
+    url = wandb_base_url()
+    if not has_wandb_credentials(url):
+        if cfg.wandb == "online":
+            raise ConfigError(
+                "log.wandb=online but no W&B credentials: run `wandb login` or set "
+                "WANDB_API_KEY, or use log.wandb=offline"
+            )
+        return "offline"
+    reason = unreachable_reason(url)
+    if reason and cfg.wandb == "online":
         raise ConfigError(
-            "log.wandb=online but no W&B credentials: run `wandb login` or set WANDB_API_KEY, "
-            "or use log.wandb=offline"
+            f"log.wandb=online but W&B at {url} is unreachable ({reason}): check the network, "
+            "HTTPS_PROXY or WANDB_BASE_URL, or use log.wandb=auto/offline and `wandb sync` later"
         )
-    if cfg.wandb == "auto":
-        return "online" if has_key else "offline"
-    return cfg.wandb
+    return "offline" if reason else "online"
 
 
-def _netrc_has_wandb() -> bool:
+def offline_reason(cfg: LogConfig) -> str:
+    """Why wandb_mode chose offline (its probe is cached, so this asks nothing again)."""
+    if cfg.wandb == "offline":
+        return "log.wandb=offline"
+    url = wandb_base_url()
+    if not has_wandb_credentials(url):
+        return "no credentials found"
+    return f"W&B at {url} is unreachable: {unreachable_reason(url)}"
+
+
+def wandb_base_url() -> str:
+    if url := os.environ.get("WANDB_BASE_URL"):
+        return url.rstrip("/")
+    import wandb
+
+    return wandb.Settings().base_url  # this wandb version's default server
+
+
+def has_wandb_credentials(url: str) -> bool:
+    return bool(os.environ.get("WANDB_API_KEY")) or _netrc_has(urlsplit(url).netloc, "api.wandb.ai")
+
+
+def _netrc_has(*hosts: str) -> bool:
     try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
+        entries = netrc.netrc(os.environ.get("NETRC"))  # the file wandb reads too
     except (OSError, netrc.NetrcParseError):
         return False
+    return any(entries.authenticators(host) for host in hosts)
+
+
+@functools.cache
+def unreachable_reason(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the server at `url` cannot be reached, or None when it answers. Run in a thread:
+    a DNS lookup on a node without a network can hang, and no socket timeout covers it."""
+    answer: list[str | None] = []
+    probe = threading.Thread(target=lambda: answer.append(_http_probe(url, timeout)), daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return answer[0] if answer else f"no answer within {timeout:g} s"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect is an answer; following it could leave the W&B host
+
+
+def _http_probe(url: str, timeout: float) -> str | None:
+    """One GET through the proxies in the environment, as wandb's own requests go."""
+    try:
+        urllib.request.build_opener(_NoRedirect).open(url, timeout=timeout).close()
+    except urllib.error.HTTPError as err:
+        if err.code in (502, 503, 504):  # a proxy or gateway that cannot reach the server
+            return f"HTTP {err.code} {err.reason}"
+    except ssl.SSLError:
+        pass  # something spoke TLS: the network works; wandb has its own certificate settings
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        return None if isinstance(reason, ssl.SSLError) else str(reason)
+    return None
+
+
+# ---------------------------------------------------------------- env.json
 
 
 def _git(*args: str) -> str | None:
@@ -64,30 +182,40 @@ def lock_sha256() -> str | None:
 
 
 def environment(world_size: int, hosts: list[str], device: torch.device) -> dict[str, Any]:
-    """Versions and provenance for env.json. Never copies the environment wholesale (secrets)."""
+    """Versions and provenance for env.json. Never copies the environment wholesale, and
+    redacts credentials from what it records (argv may hold one pasted into an override)."""
     sha = _git("rev-parse", "HEAD") or os.environ.get("RECIPES_GIT_SHA")
     dirty = _git("status", "--porcelain")
     devices = []
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "git_sha": sha,
-        "git_dirty": None if dirty is None else bool(dirty),
-        "lock_sha256": lock_sha256() or os.environ.get("RECIPES_LOCK_SHA256"),
-        "image": {k.removeprefix("RECIPES_").lower(): os.environ.get(k) for k in PROVENANCE_VARS},
-        "host": socket.gethostname(),
-        "hosts": sorted(set(hosts)),
-        "world_size": world_size,
-        "device": str(device),
-        "cuda_devices": devices,
-        "cpu_threads": torch.get_num_threads(),
-        "argv": sys.argv,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-    }
+    return redact(
+        {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version()
+            if torch.backends.cudnn.is_available()
+            else None,
+            "git_sha": sha,
+            "git_dirty": None if dirty is None else bool(dirty),
+            "lock_sha256": lock_sha256() or os.environ.get("RECIPES_LOCK_SHA256"),
+            "image": {
+                k.removeprefix("RECIPES_").lower(): os.environ.get(k) for k in PROVENANCE_VARS
+            },
+            "host": socket.gethostname(),
+            "hosts": sorted(set(hosts)),
+            "world_size": world_size,
+            "device": str(device),
+            "cuda_devices": devices,
+            "cpu_threads": torch.get_num_threads(),
+            "argv": sys.argv,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        }
+    )
+
+
+# ---------------------------------------------------------------- the tracker
 
 
 class Tracker:
@@ -100,7 +228,7 @@ class Tracker:
         self.metrics = self.metrics_path.open("a")
         self.wandb = None
         if mode != "off":
-            self.wandb = self._start_wandb(cfg, mode, config)
+            self.wandb = self._start_wandb(cfg, mode, redact(config))
 
     def _truncate_after(self, step: int) -> None:
         """A resumed run repeats the steps after its checkpoint: drop their old records."""
@@ -114,28 +242,78 @@ class Tracker:
         self.metrics_path.write_text("".join(kept))
 
     def _start_wandb(self, cfg: LogConfig, mode: str, config: dict):
-        import wandb
+        """The W&B run; offline when online fails under `auto`; None (with a warning) when
+        even that fails, since training matters more than its W&B copy."""
+        run_id = self._wandb_run_id()
+        try:
+            run = self._init_wandb(cfg, mode, config, run_id)
+        except Exception as err:  # wandb raises its own errors, network and OS errors
+            if cfg.wandb == "online":
+                _abandon_wandb()  # its exit hook would add a traceback to the one-line error
+                raise ConfigError(
+                    f"log.wandb=online but wandb.init failed ({error_line(err)}); check the W&B "
+                    "credentials and server, or use log.wandb=auto/offline"
+                ) from None
+            if mode == "offline":
+                return self._disable_wandb(err)
+            return self._start_wandb_offline(
+                cfg, config, run_id, f"wandb.init failed: {error_line(err)}"
+            )
+        if mode == "offline":
+            self._say_offline(offline_reason(cfg))
+        return run
 
+    def _start_wandb_offline(self, cfg: LogConfig, config: dict, run_id: str, reason: str):
+        _abandon_wandb()  # else the failed online run still holds the run id
+        try:
+            run = self._init_wandb(cfg, "offline", config, run_id)
+        except Exception as err:
+            return self._disable_wandb(err)
+        self._say_offline(reason)
+        return run
+
+    def _wandb_run_id(self) -> str:
+        """Kept in the run directory so a resumed or requeued run continues the same W&B run."""
         id_file = self.run_dir / "wandb-id.txt"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
-        run = wandb.init(
-            project=cfg.project,
-            entity=cfg.entity,
-            id=run_id,
-            resume="allow",
-            dir=str(self.run_dir),
-            name=self.run_dir.name,
-            mode=mode,
-            config=config,
-            settings=wandb.Settings(silent=True, console="off"),
-        )
-        if mode == "offline":
-            log(
-                "W&B is offline (no credentials found); upload later with: "
-                f"wandb sync {self.run_dir}/wandb/offline-run-*"
+        return run_id
+
+    def _init_wandb(self, cfg: LogConfig, mode: str, config: dict, run_id: str):
+        import wandb
+
+        timeouts = {
+            k: v for k, v in WANDB_TIMEOUTS.items() if f"WANDB_{k.upper()}" not in os.environ
+        }
+        with _redacted_argv():
+            return wandb.init(
+                project=redact(cfg.project),
+                entity=redact(cfg.entity),
+                id=run_id,
+                resume="allow",
+                dir=str(self.run_dir),
+                name=self.run_dir.name,
+                mode=mode,
+                config=config,
+                settings=wandb.Settings(
+                    silent=True, console="off", finish_timeout_raises=True, **timeouts
+                ),
             )
-        return run
+
+    def _say_offline(self, reason: str) -> None:
+        log(
+            f"W&B is offline ({reason}); upload later with: "
+            f"wandb sync {self.run_dir}/wandb/offline-run-*"
+        )
+
+    def _disable_wandb(self, err: Exception) -> None:
+        """Report a W&B failure once; the run goes on without W&B."""
+        log(
+            f"warning: W&B failed ({error_line(err)}); continuing without W&B, every record "
+            f"still goes to {self.metrics_path}"
+        )
+        self.wandb = None
+        _abandon_wandb()
 
     def write(self, record: dict[str, Any]) -> None:
         self.metrics.write(json.dumps(record) + "\n")
@@ -143,12 +321,44 @@ class Tracker:
         if self.wandb is not None:
             prefix = record["kind"]
             data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step")}
-            self.wandb.log(data, step=record["step"])
+            try:
+                self.wandb.log(data, step=record["step"])
+            except Exception as err:  # e.g. its service process died: ConnectionResetError
+                self._disable_wandb(err)
 
     def close(self) -> None:
         self.metrics.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            try:
+                self.wandb.finish()
+            except Exception as err:  # also finish_timeout's TimeoutError
+                self._disable_wandb(err)
+
+
+def _abandon_wandb() -> None:
+    """Drop wandb's process-wide state after a failure. Its teardown also unregisters the
+    exit hook that would otherwise print a traceback for a dead service at exit."""
+    import wandb
+
+    with contextlib.suppress(Exception):
+        wandb.teardown()
+
+
+@contextlib.contextmanager
+def _redacted_argv():
+    """wandb records sys.argv in the run's metadata, where a pasted credential must not go."""
+    saved = sys.argv
+    sys.argv = redact(saved)
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def error_line(err: Exception) -> str:
+    """`Type: first line of the message`, for one-line reports of third-party errors."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return redact(f"{type(err).__name__}: {lines[0].strip() if lines else 'no message'}")
 
 
 class NullTracker:
@@ -160,7 +370,7 @@ class NullTracker:
 
 
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(redact(message), file=sys.stderr, flush=True)
 
 
 class Progress:
@@ -191,7 +401,7 @@ class Progress:
 
     def message(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.write(text, file=sys.stderr)
+            self.bar.write(redact(text), file=sys.stderr)
         elif self.style != "off":
             log(text)
 
