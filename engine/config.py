@@ -1,12 +1,23 @@
 """Typed configuration: engine defaults < recipe config.yaml < dotted CLI overrides.
 
 Every section is a dataclass; a builder receives only its own section. Validation happens
-before anything is written, and every mistake is reported as one line (ConfigError)."""
+before anything is written, and every mistake is reported as one line (ConfigError).
+
+Each numeric field declares its valid range beside its default (`bounded`), checked for
+engine and recipe sections alike. An override's value is read by its field's type: a text
+field (str, str | None, a Literal of strings) takes the text as written, so `run.name=0123`
+is "0123"; for `str | None` YAML's spellings of null (empty, ~, null, Null, NULL) mean None,
+as in a config file. Other fields read the value as YAML (`optim.lr=0.2`, `train.amp=off`,
+`sched.milestones=[1, 2]`), a float field also in exponent form (`optim.lr=1e-3`). In YAML
+files values stay YAML: a number where text is expected (`name: 0123`) is an error, never a
+silent "83"."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +31,56 @@ class ConfigError(ValueError):
     """A user mistake in the configuration; the CLI prints it as one line and exits 2."""
 
 
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a number: each bound inclusive (ge, le) or not (gt, lt), or open."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def admits(self, value: float) -> bool:
+        # Every comparison with NaN is false, so NaN is outside any range with a bound.
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def __str__(self) -> str:
+        ge, gt, le, lt = (_show(bound) for bound in (self.ge, self.gt, self.le, self.lt))
+        if (ge is not None or gt is not None) and (le is not None or lt is not None):
+            opening = f"[{ge}" if ge is not None else f"({gt}"
+            closing = f"{le}]" if le is not None else f"{lt})"
+            return f"in {opening}, {closing}"  # e.g. in [0, 1)
+        bounds = [(">=", ge), (">", gt), ("<=", le), ("<", lt)]
+        return " and ".join(f"{op} {bound}" for op, bound in bounds if bound is not None)
+
+
+def _show(bound: float | None) -> str | None:
+    """A bound as written in a message: 2**64 rather than its twenty digits."""
+    if isinstance(bound, int) and bound >= 2**16 and bound.bit_count() == 1:
+        return f"2**{bound.bit_length() - 1}"
+    return None if bound is None else str(bound)
+
+
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A dataclass field with a valid range; it applies to each item of a list, and None
+    (for an optional field) always passes. Example: `batch_size: int = bounded(64, ge=1)`."""
+    allowed = Range(ge=ge, gt=gt, le=le, lt=lt)
+    return field(default=default, default_factory=default_factory, metadata={"range": allowed})
+
+
 @dataclass
 class RunConfig:
     name: str = ""  # empty: a new time-stamped name per launch
@@ -31,16 +92,18 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
-    max_steps: int = 0  # > 0: train this many optimizer steps instead of `epochs`
-    stop_at_step: int = 0  # > 0: checkpoint and stop after this step (the schedule is unchanged)
-    batch_size: int = 64  # global: summed over processes and accumulation steps
-    micro_batch_size: int | None = None  # per process; sets accumulation steps
-    grad_clip: float = 0.0
+    epochs: int = bounded(1, ge=0)
+    max_steps: int = bounded(0, ge=0)  # > 0: train this many optimizer steps instead of `epochs`
+    # > 0: checkpoint and stop after this step (the schedule is unchanged)
+    stop_at_step: int = bounded(0, ge=0)
+    batch_size: int = bounded(64, ge=1)  # global: summed over processes and accumulation steps
+    micro_batch_size: int | None = bounded(None, ge=1)  # per process; sets accumulation steps
+    grad_clip: float = bounded(0.0, ge=0)  # max gradient norm; 0: off
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, off on CPU
     channels_last: bool = False
     compile: bool = False
-    label_smoothing: float = 0.0  # training loss only; evaluation reports plain cross entropy
+    # Training loss only; evaluation reports plain cross entropy.
+    label_smoothing: float = bounded(0.0, ge=0, lt=1)
     # Non-finite gradients (without fp16, whose scaler skips such steps itself): stop before
     # the next checkpoint, naming the step, or skip the step and count it.
     nan_policy: Literal["stop", "skip"] = "stop"
@@ -49,15 +112,15 @@ class TrainConfig:
 @dataclass
 class OptimConfig:
     name: Literal["sgd", "adamw"] = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
+    lr: float = bounded(0.1, gt=0)
+    momentum: float = bounded(0.9, ge=0, lt=1)
     nesterov: bool = False
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    weight_decay: float = bounded(0.0, ge=0)
+    betas: list[float] = bounded(default_factory=lambda: [0.9, 0.999], ge=0, lt=1)
+    eps: float = bounded(1e-8, gt=0)
     # > 0: optim.lr is the rate for a global batch of this size and scales linearly with
     # train.batch_size (the linear scaling rule); the global batch, not the GPU count, decides.
-    lr_reference_batch: int = 0
+    lr_reference_batch: int = bounded(0, ge=0)
     decay_norm_bias: bool = False  # also apply weight decay to norm weights and biases
 
 
@@ -66,21 +129,22 @@ class SchedConfig:
     """Counted in optimizer steps; the *_epochs forms are converted with the steps per epoch."""
 
     name: Literal["cosine", "linear", "step", "constant"] = "cosine"
-    warmup_steps: int = 0
-    warmup_epochs: float = 0.0  # alternative to warmup_steps
-    warmup_start: float = 0.0  # lr factor at the first step of warmup (torchvision: 0.01)
-    min_lr_ratio: float = 0.0  # cosine/linear floor, as a fraction of optim.lr
-    milestones: list[int] = field(default_factory=list)  # step schedule, in optimizer steps
-    milestone_epochs: list[float] = field(default_factory=list)  # alternative to milestones
-    gamma: float = 0.1
+    warmup_steps: int = bounded(0, ge=0)
+    warmup_epochs: float = bounded(0.0, ge=0)  # alternative to warmup_steps
+    # The lr factor at the first step of warmup (torchvision: 0.01).
+    warmup_start: float = bounded(0.0, ge=0, le=1)
+    min_lr_ratio: float = bounded(0.0, ge=0, le=1)  # cosine/linear floor, as a fraction of optim.lr
+    milestones: list[int] = bounded(default_factory=list, ge=0)  # step schedule, in optimizer steps
+    milestone_epochs: list[float] = bounded(default_factory=list, ge=0)  # alternative to milestones
+    gamma: float = bounded(0.1, gt=0, le=1)  # lr factor at each milestone
 
 
 @dataclass
 class LoaderConfig:
-    num_workers: int = 0
+    num_workers: int = bounded(0, ge=0)
     pin_memory: bool = True  # only takes effect on CUDA
     persistent_workers: bool = True
-    prefetch_factor: int = 2
+    prefetch_factor: int = bounded(2, ge=1)
     # Also seed python's `random` and numpy per sample, for augmentations that draw from them
     # (torch's RNG is always seeded per sample).
     seed_python_numpy: bool = False
@@ -88,8 +152,8 @@ class LoaderConfig:
 
 @dataclass
 class EvalConfig:
-    every_epochs: int = 1
-    batch_size: int = 256  # per process
+    every_epochs: int = bounded(1, ge=1)
+    batch_size: int = bounded(256, ge=1)  # per process
     hflip_tta: bool = False  # average the logits of each image and its mirror
 
 
@@ -98,8 +162,8 @@ class MixConfig:
     """MixUp/CutMix on training batches (torchvision.transforms.v2), one of them per micro
     batch when both are on; partners and lambda are a function of (seed, epoch, position)."""
 
-    mixup_alpha: float = 0.0  # 0: off
-    cutmix_alpha: float = 0.0  # 0: off
+    mixup_alpha: float = bounded(0.0, ge=0)  # 0: off
+    cutmix_alpha: float = bounded(0.0, ge=0)  # 0: off
 
 
 @dataclass
@@ -107,20 +171,20 @@ class EmaConfig:
     """An exponential moving average of the weights (torch.optim.swa_utils.AveragedModel),
     evaluated beside the model and kept in checkpoints."""
 
-    decay: float = 0.0  # per update; 0: off
-    every_steps: int = 1  # update after every this many optimizer steps
-    warmup_steps: int = 0  # before this step the average just copies the weights
+    decay: float = bounded(0.0, ge=0, lt=1)  # per update; 0: off
+    every_steps: int = bounded(1, ge=1)  # update after every this many optimizer steps
+    warmup_steps: int = bounded(0, ge=0)  # before this step the average just copies the weights
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0  # 0: only at the end of each epoch
-    keep: int = 3
+    every_steps: int = bounded(0, ge=0)  # 0: only at the end of each epoch
+    keep: int = bounded(3, ge=1)
 
 
 @dataclass
 class LogConfig:
-    every_steps: int = 10  # also how often ranks agree on a preemption signal
+    every_steps: int = bounded(10, ge=1)  # also how often ranks agree on a preemption signal
     wandb: Literal["auto", "online", "offline", "off"] = "auto"
     project: str = "recipes"
     entity: str | None = None
@@ -133,7 +197,7 @@ class DistConfig:
     strategy: Literal["auto", "ddp", "dp", "none"] = "auto"
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     init_method: str = "env://"  # or tcp://host:port, file:///shared/path
-    timeout_s: float = 600.0
+    timeout_s: float = bounded(600.0, gt=0)
     sync_bn: bool = False
     find_unused_parameters: bool = False
     static_graph: bool = True
@@ -143,14 +207,16 @@ class DistConfig:
 class FaultConfig:
     """Deliberate failures, for fault tests and for rehearsing what a crash looks like."""
 
-    raise_at_step: int = 0  # > 0: raise an error after this optimizer step
-    rank: int = 0  # on this global rank only
+    raise_at_step: int = bounded(0, ge=0)  # > 0: raise an error after this optimizer step
+    rank: int = bounded(0, ge=0)  # on this global rank only
     # The ones below act only in a process's first attempt (not after a torchrun restart).
-    signal_at_step: int = 0  # > 0: send `signal` to this process after this step
+    signal_at_step: int = bounded(0, ge=0)  # > 0: send `signal` to this process after this step
     signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGUSR2"] = "SIGKILL"
-    hang_at_step: int = 0  # > 0: stop responding (sleep) after this step, as a hung rank does
-    hang_in_save_at_step: int = 0  # > 0: stall mid-write of this step's checkpoint
-    nan_at_step: int = 0  # > 0: this step's loss (and so its gradients) is NaN, every attempt
+    # > 0: stop responding (sleep) after this step, as a hung rank does
+    hang_at_step: int = bounded(0, ge=0)
+    hang_in_save_at_step: int = bounded(0, ge=0)  # > 0: stall mid-write of this step's checkpoint
+    # > 0: this step's loss (and so its gradients) is NaN, every attempt
+    nan_at_step: int = bounded(0, ge=0)
 
 
 @dataclass
@@ -160,14 +226,14 @@ class SlurmConfig:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time_min: int = 60
-    cpus_per_task: int | None = None
-    mem_gb: int | None = None
+    time_min: int = bounded(60, ge=1)
+    cpus_per_task: int | None = bounded(None, ge=1)
+    mem_gb: int | None = bounded(None, ge=1)
     constraint: str | None = None
     exclude: str | None = None
     setup: list[str] = field(default_factory=list)
-    signal_delay_s: int = 120  # SIGUSR2 this many seconds before the time limit
-    max_requeues: int = 20  # stop requeueing a job that was requeued this often
+    signal_delay_s: int = bounded(120, ge=0)  # SIGUSR2 this many seconds before the time limit
+    max_requeues: int = bounded(20, ge=1)  # stop requeueing a job that was requeued this often
 
 
 ENGINE_SECTIONS: dict[str, type] = {
@@ -212,11 +278,16 @@ class Config:
 TOP_LEVEL = {"seed": 0, "deterministic": False, "device": "auto", "resume": "auto"}
 TOP_TYPES = {"seed": int, "deterministic": bool, "device": Literal["auto", "cpu", "cuda"]}
 TOP_TYPES["resume"] = str
+TOP_RANGES = {"seed": Range(ge=0, lt=2**64)}  # seeds are mixed as 64-bit words (seeding.py)
+YAML_NULLS = ("", "~", "null", "Null", "NULL")  # YAML's spellings of null, as in a file
+# PyYAML raises more than YAMLError: ValueError for the date 2001-13-45 or an int too long to
+# convert, RecursionError for deeply nested brackets.
+YAML_FAILURES = (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError)
 
 
 def _closest(key: str, options: typing.Iterable[str], prefix: str = "") -> str:
     options = list(options)
-    match = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
+    match = difflib.get_close_matches(str(key), options, n=1, cutoff=0.5)  # YAML keys: any type
     if match:
         return f"; did you mean '{prefix}{match[0]}'?"
     return f"; valid keys: {', '.join(prefix + o for o in options)}"
@@ -245,10 +316,14 @@ def _check_type(path: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         return [_check_type(f"{path}[{i}]", v, item) for i, v in enumerate(value)]
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if annotation is str and isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
+    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return _finite_float(path, value)
+    if annotation is str and isinstance(value, int | float | datetime.date):
+        # A YAML file's `name: 0123` is the int 83: refuse it rather than run as "83".
+        raise ConfigError(
+            f"{path}: expected str, got {value!r}; YAML read a number, boolean or date, "
+            "so quote the value to keep it as written"
+        )
     if annotation in (int, float) and isinstance(value, bool) or not isinstance(value, annotation):
         name = getattr(annotation, "__name__", str(annotation))
         raise ConfigError(f"{path}: expected {name}, got {value!r}")
@@ -259,15 +334,36 @@ def build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{name}: expected a mapping of keys, got {values!r}")
     hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
-        if key not in hints:
-            raise ConfigError(
-                f"unknown config key '{name}.{key}'{_closest(key, known, name + '.')}"
-            )
-        kwargs[key] = _check_type(f"{name}.{key}", value, hints[key])
+        path = f"{name}.{key}"
+        if key not in fields:  # !r: a key with a line break still prints as one line
+            raise ConfigError(f"unknown config key {path!r}{_closest(key, fields, name + '.')}")
+        kwargs[key] = _check_type(path, value, hints[key])
+        _check_range(path, kwargs[key], fields[key].metadata.get("range"))
     return cls(**kwargs)
+
+
+def _finite_float(path: str, value: int | float) -> float:
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{path} must be a finite number, got {value!r}")
+    return number
+
+
+def _check_range(path: str, value: Any, allowed: Range | None) -> None:
+    """Raise ConfigError unless value (each item of a list; None passes) is in range."""
+    if allowed is None or value is None:
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_range(f"{path}[{i}]", item, allowed)
+    elif not allowed.admits(value):
+        raise ConfigError(f"{path} must be {allowed}, got {value!r}")
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -276,23 +372,72 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
         node = child
     node[leaf] = value
 
 
-def parse_overrides(overrides: typing.Sequence[str]) -> dict[str, Any]:
+def parse_overrides(
+    overrides: typing.Sequence[str], schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Dotted key=value overrides as a tree of values. `schema` maps top-level keys to their
+    types (sections to dataclasses), so that each value is read by its field's type."""
     tree: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not p for p in key.split(".")):
-            raise ConfigError(f"override '{item}' is not key=value (example: optim.lr=0.2)")
-        try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            value = raw
-        _set_dotted(tree, key, value)
+            raise ConfigError(f"override {item!r} is not key=value (example: optim.lr=0.2)")
+        _set_dotted(tree, key, _parse_value(raw, _declared_type(schema or {}, key)))
     return tree
+
+
+def _declared_type(schema: dict[str, Any], dotted: str) -> Any:
+    """The annotation of a dotted key, through nested sections; None for an unknown key."""
+    node: Any = schema
+    for part in dotted.split("."):
+        if isinstance(node, type) and dataclasses.is_dataclass(node):
+            node = typing.get_type_hints(node)
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _parse_value(raw: str, annotation: Any) -> Any:
+    """An override's text as a value for `annotation` (None: a key no section declares)."""
+    if _is_text(annotation):
+        return None if raw in YAML_NULLS and type(None) in _union_args(annotation) else raw
+    if not raw:
+        return ""
+    try:
+        value = yaml.safe_load(raw)
+    except YAML_FAILURES:
+        return raw  # left as text; the type check names the key
+    if isinstance(value, str) and float in _union_args(annotation):
+        try:
+            return float(raw)  # YAML 1.1 reads 1e-3 (no dot) as text
+        except ValueError:
+            pass
+    return value
+
+
+def _union_args(annotation: Any) -> tuple:
+    """The members of a union (`str | None`: str and NoneType), or the annotation alone."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _is_text(annotation: Any) -> bool:
+    """str, str | None or a Literal of strings: an override's text is the value as written."""
+
+    def text(member: Any) -> bool:
+        if typing.get_origin(member) is Literal:
+            return all(isinstance(choice, str) for choice in typing.get_args(member))
+        return member is str
+
+    members = [m for m in _union_args(annotation) if m is not type(None)]
+    return bool(members) and all(text(m) for m in members)
 
 
 def merge(base: dict, update: dict) -> dict:
@@ -308,12 +453,21 @@ def merge(base: dict, update: dict) -> dict:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:  # before YAML_FAILURES, which holds its base, ValueError
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except YAML_FAILURES as err:
+        raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
+    if data is None:  # an empty file, or only comments
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def description(path: Path) -> str:
@@ -335,8 +489,9 @@ def resolve(
     variant_yaml: dict[str, Any] | None = None,
 ) -> Config:
     """Layer defaults < recipe_yaml < variant_yaml < overrides; validate every key and type."""
-    merged = merge(merge(recipe_yaml, variant_yaml or {}), parse_overrides(overrides))
     section_types = ENGINE_SECTIONS | recipe_sections
+    tree = parse_overrides(overrides, TOP_TYPES | section_types)
+    merged = merge(merge(recipe_yaml, variant_yaml or {}), tree)
     valid = [*TOP_LEVEL, "variant", *section_types]
     top = dict(TOP_LEVEL)
     sections = {}
@@ -349,42 +504,24 @@ def resolve(
                 )
         elif key in TOP_LEVEL:
             top[key] = _check_type(key, value, TOP_TYPES[key])
+            _check_range(key, top[key], TOP_RANGES.get(key))
         elif key not in section_types:
-            raise ConfigError(f"unknown config key '{key}'{_closest(key, valid)}")
+            raise ConfigError(f"unknown config key {key!r}{_closest(key, valid)}")
     for name, cls in section_types.items():
-        sections[name] = build_section(name, cls, merged.get(name) or {})
+        values = merged.get(name)  # `optim:` with nothing under it is an empty section
+        sections[name] = build_section(name, cls, {} if values is None else values)
     cfg = Config(recipe=recipe, sections=sections, variant=variant, **top)
     validate(cfg)
     return cfg
 
 
 def validate(cfg: Config) -> None:
-    """Value checks that the types alone cannot express."""
+    """Rules across fields; each field's own range is declared beside it (`bounded`)."""
     train, opt = cfg.train, cfg.optim
-    if train.batch_size < 1:
-        raise ConfigError(f"train.batch_size must be >= 1, got {train.batch_size}")
-    if train.micro_batch_size is not None and train.micro_batch_size < 1:
-        raise ConfigError(f"train.micro_batch_size must be >= 1, got {train.micro_batch_size}")
     if train.epochs < 1 and train.max_steps < 1:
         raise ConfigError("set train.epochs >= 1 or train.max_steps >= 1")
-    if opt.lr <= 0:
-        raise ConfigError(f"optim.lr must be > 0, got {opt.lr}")
     if len(opt.betas) != 2:
         raise ConfigError(f"optim.betas needs two values, got {opt.betas}")
-    if cfg.ckpt.keep < 1:
-        raise ConfigError(f"ckpt.keep must be >= 1, got {cfg.ckpt.keep}")
-    if cfg.loader.num_workers < 0:
-        raise ConfigError(f"loader.num_workers must be >= 0, got {cfg.loader.num_workers}")
-    if cfg.log.every_steps < 1:
-        raise ConfigError(f"log.every_steps must be >= 1, got {cfg.log.every_steps}")
-    if not 0 <= cfg.train.label_smoothing < 1:
-        raise ConfigError(
-            f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}"
-        )
-    if cfg.mix.mixup_alpha < 0 or cfg.mix.cutmix_alpha < 0:
-        raise ConfigError("mix.mixup_alpha and mix.cutmix_alpha must be >= 0 (0 turns one off)")
-    if not 0 <= cfg.ema.decay < 1 or cfg.ema.every_steps < 1:
-        raise ConfigError("ema.decay must be in [0, 1) (0: off) and ema.every_steps >= 1")
     sched = cfg.sched
     if sched.warmup_steps and sched.warmup_epochs or sched.milestones and sched.milestone_epochs:
         raise ConfigError("sched: give warmup (or milestones) in steps or in epochs, not both")

@@ -15,22 +15,24 @@ from dataclasses import dataclass
 import torch
 from torchvision.transforms import v2
 
+from engine.config import bounded
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
 class ImageAugment:
-    train_size: int = 224  # training crop (the final one, with progressive resizing)
-    scale_min: float = 0.08  # RandomResizedCrop's smallest area fraction
+    train_size: int = bounded(224, ge=1)  # training crop (the final one, with progressive resizing)
+    scale_min: float = bounded(0.08, gt=0, le=1)  # RandomResizedCrop's smallest area fraction
     hflip: bool = True
     trivial_augment: bool = False  # TrivialAugmentWide
-    random_erasing: float = 0.0  # probability per image
-    eval_resize: int = 256
-    eval_size: int = 224
-    ramp_from_size: int = 0  # > 0: progressive resizing from this size to train_size
-    ramp_start_epoch: int = 0  # ... starting to grow at this epoch
-    ramp_end_epoch: int = 0  # ... reaching train_size here
+    random_erasing: float = bounded(0.0, ge=0, le=1)  # probability per image
+    eval_resize: int = bounded(256, ge=1)
+    eval_size: int = bounded(224, ge=1)
+    ramp_from_size: int = bounded(0, ge=0)  # > 0: progressive resizing from this size to train_size
+    ramp_start_epoch: int = bounded(0, ge=0)  # ... starting to grow at this epoch
+    ramp_end_epoch: int = bounded(0, ge=0)  # ... reaching train_size here
 
 
 def ramp_size(cfg: ImageAugment, epoch: int) -> int:

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from engine.config import bounded
 from engine.data.device import DeviceImages
 from recipes.cifar10 import cifar_files
 
@@ -27,7 +28,8 @@ class DataConfig:
     root: str = ""  # "" : $RECIPES_DATA/cifar10 or data/cifar10 in the checkout
     download: bool = False  # fetch the official archive with torchvision where the network allows
     on_device: bool = False  # the whole set on the device, augmented on whole batches
-    padding: int = 4  # random crop after this much padding (a translate of up to this much)
+    # Random crop after this much padding (a translate of up to this much).
+    padding: int = bounded(4, ge=0)
     flip: Literal["none", "random", "alternate"] = "random"  # alternate: on_device only
 
 

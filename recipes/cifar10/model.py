@@ -11,22 +11,24 @@ faster, which the engine's optimizer honours through each parameter's `lr_scale`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torchvision
 from torch import nn
 
+from engine.config import bounded
+
 
 @dataclass
 class ModelConfig:
     arch: Literal["resnet18", "airbench"] = "resnet18"
-    num_classes: int = 10
-    widths: list[int] = field(default_factory=lambda: [64, 256, 256])  # airbench's groups
-    bn_momentum: float = 0.4  # airbench's 0.6 in torch's convention (1 - 0.6)
-    bias_lr_scale: float = 64.0  # airbench's learning-rate multiplier for BN biases
-    head_scale: float = 1 / 9
+    num_classes: int = bounded(10, ge=0)  # 0: follows the training data
+    widths: list[int] = bounded(default_factory=lambda: [64, 256, 256], ge=1)  # airbench's groups
+    bn_momentum: float = bounded(0.4, ge=0, le=1)  # airbench's 0.6 in torch's convention (1 - 0.6)
+    bias_lr_scale: float = bounded(64.0, gt=0)  # airbench's learning-rate multiplier for BN biases
+    head_scale: float = bounded(1 / 9, gt=0)
 
 
 def resnet18_cifar(num_classes: int) -> nn.Module:

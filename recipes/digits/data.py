@@ -8,13 +8,15 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from engine.config import bounded
+
 SPLIT_SEED = 20240611
 
 
 @dataclass
 class DataConfig:
-    test_fraction: float = 0.2
-    shift: int = 1  # random translation of up to this many pixels (training only)
+    test_fraction: float = bounded(0.2, gt=0, lt=1)
+    shift: int = bounded(1, ge=0)  # random translation of up to this many pixels (training only)
 
 
 class Digits(Dataset):

@@ -5,13 +5,15 @@ from typing import Literal
 
 from torch import nn
 
+from engine.config import bounded
+
 
 @dataclass
 class ModelConfig:
-    width: int = 32
+    width: int = bounded(32, ge=1)
     norm: Literal["batch", "group", "none"] = "batch"  # none/group: no batch statistics
-    dropout: float = 0.0
-    num_classes: int = 10
+    dropout: float = bounded(0.0, ge=0, lt=1)
+    num_classes: int = bounded(10, ge=0)  # 0: follows the training data
 
 
 def _norm(kind: str, channels: int) -> nn.Module:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from engine.config import bounded
 from engine.data.imagefolder import ImageFiles, imagenet_indexes
 from engine.data.images import ImageAugment, TrainTransform, eval_transform
 from engine.data.synthetic import SyntheticImages
@@ -20,9 +21,9 @@ class DataConfig:
     index_cache: str = ""  # "": beside the data when writable, else ~/.cache/recipes/index
     skip_bad: bool = False  # replace and count unreadable files instead of stopping
     synthetic: bool = False  # random images: throughput with no data on disk
-    synthetic_train: int = 1_281_167  # ImageNet-1k's sizes
-    synthetic_val: int = 50_000
-    synthetic_classes: int = 1000
+    synthetic_train: int = bounded(1_281_167, ge=1)  # ImageNet-1k's sizes
+    synthetic_val: int = bounded(50_000, ge=1)
+    synthetic_classes: int = bounded(1000, ge=1)
     augment: ImageAugment = field(default_factory=ImageAugment)
 
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 import torchvision
 from torch import nn
 
-from engine.config import ConfigError
+from engine.config import ConfigError, bounded
 
 
 @dataclass
 class ModelConfig:
     arch: str = "resnet50"
-    num_classes: int = 0  # 0: the number of class folders in train/
+    num_classes: int = bounded(0, ge=0)  # 0: the number of class folders in train/
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

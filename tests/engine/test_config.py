@@ -1,10 +1,13 @@
+import dataclasses
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
 
 from engine import config as C
+from engine import recipe as R
 from engine.train import load_config
 from tests.helpers import REPO, engine_env, run_dir, run_engine
 
@@ -17,9 +20,65 @@ def test_layers_defaults_recipe_then_overrides():
     assert isinstance(cfg.optim.lr, float)
 
 
-def test_override_values_are_yaml():
+def test_override_values_of_keys_without_a_type_are_yaml():
     tree = C.parse_overrides(["a.b=[1, 2]", "a.c=null", "d=off", "e=1e-3", "f="])
     assert tree == {"a": {"b": [1, 2], "c": None}, "d": False, "e": "1e-3", "f": ""}
+
+
+TEXT_AS_WRITTEN = ["0123", "1e3", "true", "null", "0x1F", "~", "off", "[1, 2]", "a=b", "", "é"]
+
+
+@pytest.mark.parametrize("text", TEXT_AS_WRITTEN)
+def test_text_fields_take_the_override_as_written_not_as_yaml(text):
+    cfg, _ = load_config("digits", [f"run.name={text}", f"resume={text}", f"log.project={text}"])
+    assert cfg.run.name == cfg.resume == cfg.log.project == text  # YAML: 83, 1000.0, True...
+
+
+@pytest.mark.parametrize(
+    "text, value", [("", None), ("null", None), ("~", None), ("NULL", None), ("0123", "0123")]
+)
+def test_optional_text_fields_read_yaml_nulls_as_none(text, value):
+    cfg, _ = load_config("digits", [f"log.entity={text}", f"slurm.partition={text}"])
+    assert cfg.log.entity == cfg.slurm.partition == value  # as `entity:` in a YAML file
+
+
+def test_literal_fields_take_the_override_as_written():
+    cfg, _ = load_config("digits", ["train.amp=off", "device=cpu", "dist.backend=gloo"])
+    assert (cfg.train.amp, cfg.device, cfg.dist.backend) == ("off", "cpu", "gloo")
+    with pytest.raises(C.ConfigError, match="device: 'null' is not one of auto, cpu, cuda"):
+        load_config("digits", ["device=null"])
+
+
+@pytest.mark.parametrize(
+    "override, read",
+    [
+        ("optim.lr=0.2", lambda c: c.optim.lr == 0.2),
+        ("optim.lr=1e-3", lambda c: c.optim.lr == 0.001),  # exponent form without a dot
+        ("optim.lr=2", lambda c: c.optim.lr == 2.0 and isinstance(c.optim.lr, float)),
+        ("sched.milestones=[1,2]", lambda c: c.sched.milestones == [1, 2]),
+        ("train.micro_batch_size=null", lambda c: c.train.micro_batch_size is None),
+        ("train.compile=true", lambda c: c.train.compile is True),
+        ("seed=7", lambda c: c.seed == 7),
+        ("deterministic=yes", lambda c: c.deterministic is True),
+    ],
+)
+def test_other_fields_read_the_override_as_yaml(override, read):
+    cfg, _ = load_config("digits", [override])
+    assert read(cfg)
+
+
+def test_nested_section_overrides_are_typed_too():
+    cfg, _ = load_config("imagenet", ["data.augment.train_size=64", "data.index_cache=0123"])
+    assert cfg.data.augment.train_size == 64 and cfg.data.index_cache == "0123"
+
+
+def test_a_number_where_a_yaml_file_expects_text_is_an_error_not_a_silent_conversion():
+    sections = {"model": R.load("digits").model_config, "data": R.load("digits").data_config}
+    unquoted = yaml.safe_load("run: {name: 0123}")  # YAML 1.1: the octal int 83
+    with pytest.raises(C.ConfigError, match="run.name: expected str, got 83; .* quote the value"):
+        C.resolve("digits", unquoted, [], sections)
+    quoted = yaml.safe_load("run: {name: '0123'}")
+    assert C.resolve("digits", quoted, [], sections).run.name == "0123"
 
 
 @pytest.mark.parametrize(
@@ -39,6 +98,125 @@ def test_bad_overrides_name_the_problem(override, message):
     with pytest.raises(C.ConfigError) as err:
         load_config("digits", [override])
     assert message in str(err.value)
+
+
+RANGE_ERRORS = [
+    ("eval.batch_size=0", "eval.batch_size must be >= 1, got 0"),
+    ("train.batch_size=0", "train.batch_size must be >= 1, got 0"),
+    ("train.micro_batch_size=0", "train.micro_batch_size must be >= 1, got 0"),
+    ("sched.warmup_steps=-1", "sched.warmup_steps must be >= 0, got -1"),
+    ("train.grad_clip=-1", "train.grad_clip must be >= 0, got -1.0"),
+    ("train.label_smoothing=1", "train.label_smoothing must be in [0, 1), got 1.0"),
+    ("optim.lr=0", "optim.lr must be > 0, got 0.0"),
+    ("optim.betas=[0.9, 1.0]", "optim.betas[1] must be in [0, 1), got 1.0"),
+    ("sched.milestones=[5, -1]", "sched.milestones[1] must be >= 0, got -1"),
+    ("sched.gamma=2", "sched.gamma must be in (0, 1], got 2.0"),
+    ("ema.decay=1", "ema.decay must be in [0, 1), got 1.0"),
+    ("ckpt.keep=0", "ckpt.keep must be >= 1, got 0"),
+    ("slurm.mem_gb=0", "slurm.mem_gb must be >= 1, got 0"),
+    ("seed=-1", "seed must be in [0, 2**64), got -1"),
+    ("optim.lr=nan", "optim.lr must be a finite number, got nan"),
+    ("dist.timeout_s=.inf", "dist.timeout_s must be a finite number, got inf"),
+    ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
+    ("model.width=0", "model.width must be >= 1, got 0"),
+    ("data.test_fraction=0", "data.test_fraction must be in (0, 1), got 0.0"),
+]
+
+
+@pytest.mark.parametrize("override, message", RANGE_ERRORS)
+def test_a_value_out_of_its_declared_range_is_one_line_naming_key_value_and_range(
+    override, message
+):
+    with pytest.raises(C.ConfigError) as err:
+        load_config("digits", [override])
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "recipe, override, message",
+    [
+        ("imagenet", "data.augment.eval_size=0", "data.augment.eval_size must be >= 1, got 0"),
+        ("imagenet", "data.augment.scale_min=0", "data.augment.scale_min must be in (0, 1]"),
+        ("imagenet", "data.synthetic_classes=0", "data.synthetic_classes must be >= 1, got 0"),
+        ("cifar10", "model.widths=[8, 0, 8]", "model.widths[1] must be >= 1, got 0"),
+        ("cifar10", "data.padding=-1", "data.padding must be >= 0, got -1"),
+    ],
+)
+def test_recipe_sections_check_their_declared_ranges_too(recipe, override, message):
+    with pytest.raises(C.ConfigError) as err:
+        load_config(recipe, [override])
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("value", [0, "", [], False])
+def test_a_section_is_a_mapping_or_empty_never_a_falsy_scalar(value):
+    sections = {"model": R.load("digits").model_config, "data": R.load("digits").data_config}
+    assert C.resolve("digits", {"optim": None}, [], sections).optim == C.OptimConfig()
+    with pytest.raises(C.ConfigError, match="optim: expected a mapping of keys"):
+        C.resolve("digits", {"optim": value}, [], sections)
+
+
+def test_a_yaml_file_value_out_of_range_is_refused_like_an_override():
+    sections = {"model": R.load("digits").model_config, "data": R.load("digits").data_config}
+    with pytest.raises(C.ConfigError, match="eval.batch_size must be >= 1, got 0"):
+        C.resolve("digits", {"eval": {"batch_size": 0}}, [], sections)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.epochs=0", "train.max_steps=0"], "set train.epochs >= 1 or train.max_steps >= 1"),
+        (["sched.warmup_steps=5", "sched.warmup_epochs=1"], "in steps or in epochs, not both"),
+        (["optim.betas=[0.9]"], "optim.betas needs two values"),
+    ],
+)
+def test_rules_across_fields_stay_in_validate(overrides, message):
+    with pytest.raises(C.ConfigError, match=message):
+        load_config("digits", overrides)
+
+
+def every_section() -> dict[str, type]:
+    """The engine's sections and every recipe's model and data sections, by dotted prefix."""
+    sections = {name: cls for name, cls in C.ENGINE_SECTIONS.items()}
+    for recipe in R.available():
+        loaded = R.load(recipe)
+        sections[f"{recipe}:model"] = loaded.model_config
+        sections[f"{recipe}:data"] = loaded.data_config
+    return sections
+
+
+def leaf_fields(prefix: str, cls: type):
+    """(dotted key, type, dataclass field) of each field, through nested sections."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from leaf_fields(f"{prefix}.{f.name}", hints[f.name])
+        else:
+            yield f"{prefix}.{f.name}", hints[f.name], f
+
+
+def is_numeric(annotation) -> bool:
+    """int or float, alone, optional or in a list (bool is not a number here)."""
+    members = [m for m in typing.get_args(annotation) or [annotation] if m is not type(None)]
+    if typing.get_origin(annotation) is list:
+        members = list(typing.get_args(annotation))
+    return any(m in (int, float) for m in members)
+
+
+def test_every_numeric_field_of_every_section_declares_a_range_its_default_meets():
+    checked = 0
+    for prefix, cls in every_section().items():
+        for key, annotation, f in leaf_fields(prefix, cls):
+            if not is_numeric(annotation):
+                continue
+            allowed = f.metadata.get("range")
+            assert allowed is not None, f"{key} declares no range: use bounded(...)"
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            for value in default if isinstance(default, list) else [default]:
+                assert value is None or allowed.admits(value), f"{key} default {value}"
+            checked += 1
+    assert checked > 60  # every section was walked
+    assert C.TOP_RANGES.keys() == {k for k, t in C.TOP_TYPES.items() if t is int}
 
 
 def test_resolved_config_is_itself_a_valid_config():
