@@ -75,7 +75,9 @@ def spawn_local(n: int, head: list[str], overrides: list[str], run_name: str) ->
     )
     _pass_signals_on(ctx)
     try:
-        while not ctx.join():
+        # When one child fails, the others get 5 s to end on their own (a lost peer ends them)
+        # before SIGTERM, then 5 s more before SIGKILL (a hung rank answers no signal).
+        while not ctx.join(grace_period=5):
             pass
     except mp.ProcessExitedException as err:
         return err.exit_code if err.exit_code and err.exit_code > 0 else 1

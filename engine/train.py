@@ -30,7 +30,15 @@ from engine.ema import build_ema, ema_state, load_ema_state, update_ema
 from engine.faults import RunError, inject_after_step, save_pause
 from engine.optim import build_optimizer, build_scheduler
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
-from engine.tracking import NullTracker, Progress, Tracker, environment, log, wandb_mode
+from engine.tracking import (
+    NullTracker,
+    Progress,
+    Tracker,
+    environment,
+    log,
+    redact,
+    wandb_mode,
+)
 
 
 @dataclass
@@ -214,7 +222,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     lock_fd = D.on_main(lambda: claim_run_dir(cfg, run_dir))
     tracker = NullTracker()
     if denv.is_main:
-        ckpt.atomic_write_text(run_dir / "config.yaml", C.dump(cfg))
+        ckpt.atomic_write_text(run_dir / "config.yaml", redact(C.dump(cfg)))
         tracker = Tracker(run_dir, cfg.log, mode, cfg.to_dict(), state.step)
     hosts = D.gather_objects(D.host_name())
     if denv.is_main:
@@ -269,7 +277,7 @@ def check_config_drift(cfg: C.Config, source: tuple[Path, dict], is_main: bool) 
     saved = source[1].get("config")
     if saved is None:  # written before checkpoints carried their config
         return
-    refused, allowed = ckpt.config_changes(saved, cfg.to_dict())
+    refused, allowed = ckpt.config_changes(saved, redact(cfg.to_dict()))
     if refused:
         raise C.ConfigError(
             f"checkpoint {source[0]} was written with another config ({', '.join(refused)}); "
@@ -331,7 +339,7 @@ def write_checkpoint(run: Run, rngs: list) -> str | None:
         "last_eval": st.last_eval,
         "bad_samples": st.bad_samples,
         "skipped_steps": st.skipped_steps,
-        "config": run.cfg.to_dict(),
+        "config": redact(run.cfg.to_dict()),  # never a pasted credential
     }
     if run.ema is not None:
         payload["ema"] = ema_state(run.ema)
@@ -794,11 +802,11 @@ def main(argv: list[str] | None = None) -> int:
         return train(cfg, recipe)
     except C.ConfigError as err:
         if is_rank_zero():
-            print(f"error: {one_line(err)}", file=sys.stderr)  # every rank fails alike; one says
+            print(f"error: {redact(one_line(err))}", file=sys.stderr)  # all ranks fail alike
         return 2
     except RunError as err:
         if is_rank_zero() or isinstance(err, PeerFailure):
-            print(f"error: {err}", file=sys.stderr, flush=True)
+            print(f"error: {redact(str(err))}", file=sys.stderr, flush=True)
         return 1
 
 

@@ -65,6 +65,50 @@ def test_one_process_with_accumulation_equals_two_processes(root, two_procs):
     assert json.loads((run_dir(root, "two") / "env.json").read_text())["world_size"] == 2
 
 
+def test_accumulation_on_two_processes_equals_one_process(root, two_procs):
+    """2 processes x 2 micro batches against 1 process x 4: the global batch decides."""
+    run_engine(root, "one-x4", *INVARIANT, "train.micro_batch_size=16")
+    run_engine(root, "two-x2", *INVARIANT, "train.micro_batch_size=16", prefix=torchrun(2))
+    assert sample_ids(root, "one-x4") == sample_ids(root, "two-x2") == sample_ids(root, "two")
+    # Four partial sums added in another order each step: the drift through momentum reached
+    # 1.3e-5 after 30 steps; an unsynchronised micro batch moves the weights by ~1e-2.
+    two_by_two = final_weights(root, "two-x2")
+    assert max_difference(two_by_two, final_weights(root, "one-x4")) < RESUME_TOLERANCE
+    assert max_difference(two_by_two, two_procs) < RESUME_TOLERANCE
+
+
+def test_a_killed_worker_restarts_the_group_which_resumes_bitwise(root, two_procs):
+    restarts = [*torchrun(2)]
+    restarts.insert(restarts.index("-m", 3), "--max-restarts=1")
+    # Rank 1 is SIGKILLed after step 12 in the first attempt only; the last checkpoint is 10.
+    out = run_engine(
+        root, "restarted", *INVARIANT, "fault.signal_at_step=12", "fault.rank=1", prefix=restarts
+    )
+    assert "resuming from" in out.stderr and "step 10)" in out.stderr
+    assert same_weights(final_weights(root, "restarted"), two_procs)
+
+
+def test_a_hung_rank_ends_the_job_with_a_timeout_naming_what_waited(tmp_path):
+    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
+    # A silent hang would exceed the subprocess timeout and fail the test.
+    out = run_engine(
+        tmp_path,
+        "hung",
+        "train.max_steps=20",
+        "log.every_steps=1",
+        "fault.hang_at_step=3",
+        "fault.rank=1",
+        "dist.timeout_s=5",
+        prefix=spawn,
+        check=False,
+        timeout=180,
+    )
+    assert out.returncode != 0
+    assert "rank 0: no answer from the other ranks within dist.timeout_s=5s after step 3" in (
+        out.stderr
+    ), out.stderr[-3000:]
+
+
 def test_spawned_processes_train_exactly_like_torchrun(root, two_procs):
     run_engine(
         root, "spawned", *INVARIANT, prefix=[sys.executable, "-m", "engine.train", "--spawn", "2"]
@@ -92,10 +136,15 @@ def test_evaluation_sees_each_sample_exactly_once(tmp_path, world):
         "train.max_steps=2",
         "train.batch_size=48",
         "eval.batch_size=50",
+        "log.sample_ids=true",
         prefix=torchrun(world),
     )
     (record,) = records(tmp_path, "eval", "eval")
     assert record["count"] == 359  # the held-out split, once, whatever the world size
+    (seen,) = map(json.loads, (run_dir(tmp_path, "eval") / "eval_samples.jsonl").open())
+    by_rank = [set(ids) for ids in seen["ids_by_rank"]]
+    assert len(by_rank) == world and all(by_rank)  # every rank took a share
+    assert sum(map(len, by_rank)) == 359 and set().union(*by_rank) == set(range(359))
 
 
 def free_port() -> int:
@@ -170,7 +219,8 @@ def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
     out = run_engine(
         tmp_path, "sbn", "dist.sync_bn=true", "train.max_steps=3", prefix=torchrun(2), check=False
     )
-    assert out.returncode != 0 and "dist.sync_bn needs CUDA devices" in out.stderr
+    assert out.returncode != 0 and "error: dist.sync_bn needs CUDA devices" in out.stderr
+    assert not run_dir(tmp_path, "sbn").exists()  # refused before anything was written
 
 
 def test_make_train_with_two_cpu_processes_reaches_the_accuracy_bar(tmp_path):

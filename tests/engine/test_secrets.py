@@ -67,11 +67,6 @@ def test_a_pasted_credential_is_redacted_from_env_json_wandb_and_output(run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/train.py writes config.yaml and the checkpoint's config unredacted; it "
-    "needs redact() from engine.tracking on C.dump(cfg) and on cfg.to_dict() there",
-)
 def test_a_pasted_credential_is_redacted_from_config_yaml_and_checkpoints(run):
     folder, output = run
     assert holders(CREDENTIALS[PASTED], folder, output) == []
