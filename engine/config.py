@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -403,12 +404,17 @@ def _declared_type(schema: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
 def _parse_value(raw: str, annotation: Any) -> Any:
     """An override's text as a value for `annotation` (None: a key no section declares)."""
     if _is_text(annotation):
         return None if raw in YAML_NULLS and type(None) in _union_args(annotation) else raw
     if not raw:
         return ""
+    if int in _union_args(annotation) and DECIMAL.fullmatch(raw):
+        return int(raw, 10)  # YAML 1.1 reads 010 as octal 8
     try:
         value = yaml.safe_load(raw)
     except YAML_FAILURES:

@@ -59,6 +59,8 @@ def test_literal_fields_take_the_override_as_written():
         ("train.micro_batch_size=null", lambda c: c.train.micro_batch_size is None),
         ("train.compile=true", lambda c: c.train.compile is True),
         ("seed=7", lambda c: c.seed == 7),
+        ("train.epochs=010", lambda c: c.train.epochs == 10),  # decimal, not YAML 1.1 octal
+        ("train.micro_batch_size=08", lambda c: c.train.micro_batch_size == 8),
         ("deterministic=yes", lambda c: c.deterministic is True),
     ],
 )
