@@ -47,6 +47,21 @@ def test_sample_seeds_depend_on_seed_epoch_and_index_not_rank():
     assert one == two and len(set(one.values())) == 8
 
 
+def test_sample_seeds_change_with_the_epoch_and_the_run_seed():
+    """Another epoch or another seed draws other augmentations for the same sample."""
+
+    def seeds(seed: int, epoch: int) -> dict[int, int]:
+        sampler = GlobalBatchSampler(8, plan_batches(8, None, 1), 0, seed)
+        sampler.set_epoch(epoch)
+        return {i: s for mb in sampler for i, s, _ in mb}
+
+    first = seeds(5, 0)
+    for other in (seeds(5, 1), seeds(6, 0)):
+        assert other.keys() == first.keys()
+        assert all(other[i] != first[i] for i in first)
+    assert seeds(5, 1) == seeds(5, 1)
+
+
 @pytest.mark.parametrize(
     "batch, micro, world, message",
     [

@@ -115,7 +115,8 @@ def test_killed_process_resumes_bitwise_identical(root, reference):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (folder / "step-00000040.pt").exists(), "the process finished before the kill"
-    run_engine(root, "killed", *SHORT)
+    resumed = run_engine(root, "killed", *SHORT)
+    assert "resuming from" in resumed.stderr  # not a fresh run that happens to match
     assert same_weights(final_weights(root, "killed"), reference)
 
 
