@@ -9,7 +9,7 @@ Preemption, as submitit 1.5 and the engine share it:
 * `EngineJob.__call__` runs `engine.train.main`, which installs the engine's SIGUSR2 handler
   (it replaces submitit's: one handler per signal). That handler only sets a flag; every rank
   saves a checkpoint at the next step boundary and `main` returns 75.
-* On 75, rank 0 requeues the job with `scontrol requeue <job id>` (what submitit's own
+* On 75 after a SIGUSR2, rank 0 requeues the job with `scontrol requeue <job id>` (what submitit's own
   `SlurmJobEnvironment._requeue` runs) and every rank leaves with SystemExit(75), so submitit
   writes no result file and the submitter keeps waiting. The requeued job loads the same
   pickle, i.e. the same recipe and overrides, run.name included: the engine resumes from
@@ -53,13 +53,21 @@ class EngineJob(submitit.helpers.Checkpointable):
 
         return self.finish(main([self.recipe, *self.args]))
 
+    @staticmethod
+    def _warned_of_the_time_limit() -> bool:
+        """SIGUSR2 (--signal=USR2@lead) means: requeue me. A SIGTERM alone comes from scancel,
+        which ends the job, or from SLURM's own preemption, which requeues it by itself."""
+        from engine import preempt
+
+        return "SIGUSR2" in preempt.received()
+
     def finish(self, rc: int) -> int:
         if rc == 0:
             return 0
         if rc != PREEMPTED:
             raise RuntimeError(f"engine.train exited with code {rc}; its log says why")
         env = submitit.JobEnvironment()
-        if env.global_rank == 0:
+        if env.global_rank == 0 and self._warned_of_the_time_limit():
             restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
             if restarts >= self.max_requeues:
                 raise RuntimeError(

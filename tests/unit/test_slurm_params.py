@@ -12,6 +12,7 @@ import pytest
 import submitit
 from submitit.core import utils as submitit_utils
 
+from engine import preempt
 from engine.config import SlurmConfig
 from launch import render, slurm
 from launch.render import Request, Slurm
@@ -141,6 +142,15 @@ def job() -> slurm.EngineJob:
     return slurm.EngineJob("digits", ["run.name=RUN"], "/src", max_requeues=3)
 
 
+@pytest.fixture(autouse=True)
+def warned_of_the_time_limit():
+    """The engine stopped on SLURM's SIGUSR2, as in a preemption ahead of the time limit."""
+    preempt.reset()
+    preempt.request_stop("SIGUSR2")
+    yield
+    preempt.reset()
+
+
 def test_done_returns_zero_and_requeues_nothing(task_env):
     assert job().finish(0) == 0
     assert not task_env.exists()
@@ -187,25 +197,27 @@ FAKE_TRAIN = """\
 import os, signal
 from pathlib import Path
 
-flag = []
+from engine import preempt  # the engine's real handlers: a flag only
+
 
 def main(argv):
     Path("engine-argv.txt").write_text("\\n".join(argv))
     if os.environ["SIGNAL_AT"] == "setup":  # before the engine's handler exists
         os.kill(os.getpid(), signal.SIGUSR2)
-    signal.signal(signal.SIGUSR2, lambda *_: flag.append(1))  # the engine's: a flag only
-    os.kill(os.getpid(), signal.SIGUSR2)
-    Path("engine-saw-flag.txt").write_text(str(len(flag)))
-    return 75 if flag else 0
+    preempt.install_handlers()
+    os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+    Path("engine-saw-flag.txt").write_text(str(len(preempt.received())))
+    return 75 if preempt.stop_requested() else 0
 """
 
 
-def run_process_job(tmp_path: Path, fake_slurm_bin: Path, signal_at: str):
+def run_process_job(tmp_path: Path, fake_slurm_bin: Path, signal_at: str, sig: str = "SIGUSR2"):
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT / "launch", checkout / "launch", ignore=shutil.ignore_patterns("__py*"))
     (checkout / "engine").mkdir()
     (checkout / "engine" / "__init__.py").write_text("")
     (checkout / "engine" / "train.py").write_text(FAKE_TRAIN)
+    shutil.copy(ROOT / "engine" / "preempt.py", checkout / "engine" / "preempt.py")
     folder = tmp_path / "slurm"
     folder.mkdir()
     delayed = submitit_utils.DelayedSubmission(
@@ -221,6 +233,7 @@ def run_process_job(tmp_path: Path, fake_slurm_bin: Path, signal_at: str):
         "SLURM_NTASKS": "1",
         "SLURM_LOCALID": "0",
         "SIGNAL_AT": signal_at,
+        "SIGNAL": sig,
     }
     done = subprocess.run(
         [sys.executable, "-m", "submitit.core._submit", str(folder)],
@@ -241,6 +254,14 @@ def test_engine_handler_runs_and_launch_requeues_through_process_job(tmp_path, f
     assert fake_slurm_bin.read_text() == "scontrol requeue 4242\n"
     assert "Caught signal" not in done.stderr  # submitit's handler never ran
     assert not list(folder.glob("*_result.pkl"))  # the job is not over for submitit
+
+
+def test_a_sigterm_alone_stops_with_75_and_requeues_nothing(tmp_path, fake_slurm_bin):
+    """scancel sends SIGTERM: the engine saves and stops, and the job must stay cancelled."""
+    checkout, folder, done = run_process_job(tmp_path, fake_slurm_bin, "training", "SIGTERM")
+    assert done.returncode == 75, done.stderr
+    assert (checkout / "engine-saw-flag.txt").read_text() == "1"
+    assert not fake_slurm_bin.exists()
 
 
 def test_a_signal_before_the_engine_handler_meets_submitit_which_requeues_the_same_call(
