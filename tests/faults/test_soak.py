@@ -1,0 +1,89 @@
+"""Load: two processes checkpointing every few steps for a long run. Files, open descriptors
+and memory must stay bounded: a leak that costs nothing in a 10-step test ends a 3-day run."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import QUIET, REPO, engine_env, records, run_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.dist]
+KEEP = 2
+SOAK = [
+    "train.max_steps=300",  # 14 epochs of 22 steps: evaluation and loader restarts included
+    "ckpt.every_steps=3",
+    f"ckpt.keep={KEEP}",
+    "log.every_steps=5",
+    "loader.num_workers=1",  # persistent worker processes, and a fresh set per evaluation
+]
+
+
+def ranks(pid: int) -> list[int]:
+    """The training processes spawn started (not multiprocessing's resource tracker)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        text = (task / "children").read_text() if (task / "children").exists() else ""
+        found += [int(p) for p in text.split()]
+    return [p for p in found if b"resource_tracker" not in cmdline(p)]
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b"resource_tracker"  # gone: skip it too
+
+
+def usage(pid: int) -> tuple[int, int] | None:
+    """(open descriptors, resident KiB) of a live process; None once it is gone."""
+    try:
+        fds = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    rss = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")]
+    return (fds, rss[0]) if rss else None  # a zombie has no resident set
+
+
+def thirds(values: list) -> tuple[list, list]:
+    n = len(values) // 3
+    return values[:n], values[-n:]
+
+
+def test_a_long_two_process_run_keeps_files_descriptors_and_memory_bounded(tmp_path):
+    args = [sys.executable, "-m", "engine.train", "--spawn", "2", "digits", *QUIET]
+    args += [f"run.root={tmp_path}", "run.name=soak", *SOAK]
+    proc = subprocess.Popen(
+        args, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    folder = run_dir(tmp_path, "soak") / "checkpoints"
+    samples: dict[int, list[tuple[int, int]]] = {}  # rank pid -> (fds, rss) over time
+    most_files = 0
+    deadline = time.monotonic() + 900
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the soak run did not finish"
+        for pid in ranks(proc.pid):
+            if (seen := usage(pid)) is not None:
+                samples.setdefault(pid, []).append(seen)
+        if folder.is_dir():
+            most_files = max(most_files, sum(1 for p in folder.iterdir()))
+        time.sleep(0.5)
+    assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
+
+    steps = [r["step"] for r in records(tmp_path, "soak", "train")]
+    assert steps == list(range(5, 301, 5))
+    assert most_files <= KEEP + 1  # kept checkpoints and at most one being written
+    assert len(list(folder.iterdir())) == KEEP
+    long_lived = [s for s in samples.values() if len(s) >= 30]
+    assert len(long_lived) == 2, f"sampled {[len(s) for s in samples.values()]} times"
+    for series in long_lived:
+        early, late = thirds(series)
+        assert max(f for f, _ in late) <= max(f for f, _ in early) + 4, "descriptors leak"
+        grown_mib = (max(r for _, r in late) - max(r for _, r in early)) / 1024
+        assert grown_mib < 64, f"resident memory grew by {grown_mib:.0f} MiB"
+    summary = json.loads((run_dir(tmp_path, "soak") / "summary.json").read_text())
+    assert summary["steps"] == 300 and summary["world_size"] == 2
