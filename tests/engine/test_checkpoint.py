@@ -5,6 +5,7 @@ from torch import nn
 from engine import checkpoint as ckpt
 from engine.config import ConfigError
 from recipes.digits.model import ModelConfig, build_model
+from tests.helpers import PicklePayload
 
 
 def small_model(seed=0):
@@ -94,19 +95,9 @@ def test_prune_never_deletes_the_checkpoint_just_written(tmp_path):
     assert names == ["step-00000040.pt", "step-00000030.pt", written.name, "step-00000020.pt"]
 
 
-class Payload:
-    """Unpickling this runs code: it creates the marker file."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_no_loadable_checkpoint_is_an_error_naming_each_file(tmp_path):
     marker = tmp_path / "payload-ran"
-    torch.save({"model": Payload(marker)}, ckpt.checkpoint_path(tmp_path, 20))
+    torch.save({"model": PicklePayload(marker)}, ckpt.checkpoint_path(tmp_path, 20))
     ckpt.checkpoint_path(tmp_path, 10).write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError) as err:
         ckpt.latest_valid(tmp_path)

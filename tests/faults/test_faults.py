@@ -16,6 +16,7 @@ from engine import checkpoint as ckpt
 from tests.helpers import (
     QUIET,
     REPO,
+    PicklePayload,
     engine_env,
     final_weights,
     records,
@@ -68,16 +69,6 @@ def wait_until(condition, proc, what: str, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
-class Payload:
-    """Unpickling this runs code: it creates the marker file."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 # ---------------------------------------------------------------- unreadable checkpoints
 
 
@@ -86,7 +77,7 @@ def test_no_loadable_checkpoint_stops_before_training_and_deletes_nothing(root):
     folder = run_dir(root, "unreadable") / "checkpoints"
     marker = root / "payload-ran"
     newest, older = ckpt.list_checkpoints(folder)
-    torch.save({"model": Payload(marker)}, newest)  # tampered
+    torch.save({"model": PicklePayload(marker)}, newest)  # tampered
     older.write_bytes(older.read_bytes()[:200])  # torn
     before = checkpoints(root, "unreadable")
     metrics = (run_dir(root, "unreadable") / "metrics.jsonl").read_text()
@@ -105,7 +96,7 @@ def test_a_tampered_newest_checkpoint_is_skipped_and_the_run_resumes_bitwise(roo
     run_engine(root, "tampered", *SHORT, "train.stop_at_step=6")
     folder = run_dir(root, "tampered") / "checkpoints"
     marker = root / "payload-ran-2"
-    torch.save({"model": Payload(marker)}, ckpt.checkpoint_path(folder, 6))
+    torch.save({"model": PicklePayload(marker)}, ckpt.checkpoint_path(folder, 6))
     out = run_engine(root, "tampered", *SHORT)
     assert "skipping unreadable checkpoint" in out.stderr and "step 4)" in out.stderr
     assert not marker.exists(), "resume: auto ran the planted pickle payload"
