@@ -679,11 +679,15 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
         name = D.broadcast_object(cfg.run.name or new_run_name(cfg.recipe))
         cfg.run.name = name
         run = setup(cfg, recipe, denv, device)
-        reason = fit_or_explain(run)
-        flush_bad_count(run)
-        if denv.is_main:
-            finish(run, reason, time.perf_counter() - started)
-        run.tracker.close()
+        try:
+            reason = fit_or_explain(run)
+            flush_bad_count(run)
+            if denv.is_main:
+                finish(run, reason, time.perf_counter() - started)
+            run.tracker.close()
+        finally:
+            if run.lock_fd is not None:
+                os.close(run.lock_fd)  # the run directory is free for the next launch
         return preempt.EXIT_PREEMPTED if reason == "preempted" else 0
     finally:
         D.shutdown()

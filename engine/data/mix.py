@@ -9,7 +9,6 @@ sampler), so 1 process with 2 accumulation steps and 2 processes with 1 mix alik
 from __future__ import annotations
 
 import torch
-from torchvision.transforms import v2
 
 from engine.config import MixConfig
 from engine.seeding import derive_seed
@@ -19,6 +18,8 @@ MIX_SALT = 0x313
 
 class BatchMix:
     def __init__(self, cfg: MixConfig, num_classes: int, seed: int):
+        from torchvision.transforms import v2  # ~2 s of imports: only for runs that mix
+
         transforms = []
         if cfg.mixup_alpha > 0:
             transforms.append(v2.MixUp(alpha=cfg.mixup_alpha, num_classes=num_classes))

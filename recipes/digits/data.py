@@ -3,8 +3,11 @@
 The train/test split is fixed (its own seed, stratified) and never depends on the training
 seed, so runs with different seeds are evaluated on the same held-out images."""
 
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -34,12 +37,24 @@ class Digits(Dataset):
         return image, self.labels[i]
 
 
-def load_arrays() -> tuple[torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
+def digits_table() -> tuple[np.ndarray, np.ndarray]:
+    """(1797 8x8 images with values 0-16, labels): the CSV scikit-learn ships, read directly,
+    as its load_digits() does; importing sklearn.datasets would add seconds to every start."""
+    spec = importlib.util.find_spec("sklearn")
+    table = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not table.exists():  # another scikit-learn layout: its own loader
+        from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    return (images - 0.5) / 0.5, torch.tensor(digits.target, dtype=torch.long)
+        digits = load_digits()
+        return digits.images, digits.target
+    data = np.loadtxt(table, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+
+
+def load_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = digits_table()
+    images = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+    return (images - 0.5) / 0.5, torch.tensor(labels, dtype=torch.long)
 
 
 def split(labels: torch.Tensor, test_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:

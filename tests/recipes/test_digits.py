@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.helpers import (
@@ -171,3 +172,13 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path):
     assert tty.returncode == 0, tty.stdout
     assert "12/12 [" in tty.stdout and "step/s" in tty.stdout
     assert "step 10/12 epoch" not in tty.stdout
+
+
+def test_the_direct_table_read_equals_scikit_learns_loader():
+    from sklearn.datasets import load_digits
+
+    from recipes.digits.data import digits_table
+
+    images, labels = digits_table()
+    reference = load_digits()
+    assert np.array_equal(images, reference.images) and np.array_equal(labels, reference.target)

@@ -26,7 +26,7 @@ DIGITS_BAR = 0.98  # top1 the digits recipe reaches with its own config (15 epoc
 # Preemption runs: 110 steps (22 per epoch), one log line per step, so that the signal sent
 # once step 30 is logged stops training mid-epoch, well before its end.
 PREEMPTIBLE = "train.epochs=5 ckpt.every_steps=0 log.every_steps=1"
-STOPPED = re.compile(r"stopped at step (\d+) \(preempted\)")
+STOPPED = re.compile(r"stopped at step (\d+) \(preempted: SIGUSR2\)")
 RESUMED = re.compile(r"resuming from \S+/step-(\d+)\.pt \(epoch \d+, step (\d+)\)")
 
 
