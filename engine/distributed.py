@@ -152,14 +152,31 @@ def init(denv: DistEnv, cfg: DistConfig, device: torch.device) -> None:
         # srun provides no MASTER_*; publish what read_env derived so env:// finds it.
         os.environ.setdefault("MASTER_ADDR", denv.master_addr)
         os.environ.setdefault("MASTER_PORT", str(denv.master_port))
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    store = restart_safe_store(denv, timeout) if cfg.init_method == "env://" else None
     dist.init_process_group(
         backend=backend,
-        init_method=cfg.init_method,
+        init_method=None if store else cfg.init_method,
+        store=store,
         rank=denv.rank,
         world_size=denv.world_size,
-        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
+
+
+def restart_safe_store(denv: DistEnv, timeout: datetime.timedelta):
+    """Under torchrun, the agent's store, with keys of their own for each restart. torchrun
+    keeps one store across restarts, so a restarted rank could read the address a killed
+    peer published in the failed attempt and fail with "connectFullMesh ... Connection
+    refused". None outside torchrun (env:// as usual)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        denv.master_addr, denv.master_port, denv.world_size, is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"recipes/attempt-{attempt}", store)
 
 
 def shutdown() -> None:
