@@ -169,7 +169,7 @@ def restart_safe_store(denv: DistEnv, timeout: datetime.timedelta):
     """Under torchrun, the agent's store, with keys of their own for each restart. torchrun
     keeps one store across restarts, so a restarted rank could read the address a killed
     peer published in the failed attempt and fail with "connectFullMesh ... Connection
-    refused". None outside torchrun (env:// as usual)."""
+    refused" (pytorch/pytorch#135712). None outside torchrun (env:// as usual)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(

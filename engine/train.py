@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import os
 import sys
@@ -675,21 +676,24 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)
     D.init(denv, cfg.dist, device)
+    run = None
     try:
         name = D.broadcast_object(cfg.run.name or new_run_name(cfg.recipe))
         cfg.run.name = name
         run = setup(cfg, recipe, denv, device)
-        try:
-            reason = fit_or_explain(run)
-            flush_bad_count(run)
-            if denv.is_main:
-                finish(run, reason, time.perf_counter() - started)
-            run.tracker.close()
-        finally:
-            if run.lock_fd is not None:
-                os.close(run.lock_fd)  # the run directory is free for the next launch
+        reason = fit_or_explain(run)
+        flush_bad_count(run)
+        if denv.is_main:
+            finish(run, reason, time.perf_counter() - started)
+        run.tracker.close()
         return preempt.EXIT_PREEMPTED if reason == "preempted" else 0
     finally:
+        if run is not None and run.lock_fd is not None:
+            os.close(run.lock_fd)  # the run directory is free for the next launch
+        # DDP holds the process group: release it first, so that destroying the group ends
+        # gloo's threads now rather than during interpreter shutdown (a SIGABRT at exit).
+        run = None
+        gc.collect()
         D.shutdown()
 
 
