@@ -163,15 +163,19 @@ def test_submit_dry_run_prints_the_sbatch_script_env_over_config(recipes):
     assert "\necho setting up\n" in script
 
 
-def test_make_dry_run_cpu_processes(recipes):
-    done = subprocess.run(
-        ["make", "-s", "dry-run", "RECIPE=digits", "GPUS=0", "PROCS=2"],
+def make_dry_run(recipes, *variables: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "-s", "dry-run", *variables],
         cwd=ROOT,
         env=clean_env(RECIPES_DIR=str(recipes)),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_make_dry_run_cpu_processes(recipes):
+    done = make_dry_run(recipes, "RECIPE=digits", "GPUS=0", "PROCS=2")
     assert done.returncode == 0, done.stderr
     argv = shlex.split(one_line(done.stdout))
     assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -180,14 +184,7 @@ def test_make_dry_run_cpu_processes(recipes):
 
 
 def test_make_exports_max_restarts_to_torchrun(recipes):
-    done = subprocess.run(
-        ["make", "-s", "dry-run", "GPUS=0", "PROCS=2", "MAX_RESTARTS=3"],
-        cwd=ROOT,
-        env=clean_env(RECIPES_DIR=str(recipes)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = make_dry_run(recipes, "GPUS=0", "PROCS=2", "MAX_RESTARTS=3")
     assert done.returncode == 0, done.stderr
     argv = shlex.split(one_line(done.stdout))
     assert argv[3:6] == ["--standalone", "--nproc_per_node=2", "--max-restarts=3"]
