@@ -101,8 +101,13 @@ class TrainConfig:
     micro_batch_size: int | None = bounded(None, ge=1)  # per process; sets accumulation steps
     grad_clip: float = bounded(0.0, ge=0)  # max gradient norm; 0: off
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, off on CPU
-    channels_last: bool = False
-    compile: bool = False
+    # Speed defaults. channels_last applies to models with 2-d convolutions (NHWC kernels);
+    # compile auto: on for CUDA (inductor), off on CPU; tf32 (matmuls and convolutions) and
+    # cuDNN's autotuner only when deterministic=false (deterministic turns both off).
+    channels_last: bool = True
+    compile: Literal["auto", "on", "off"] = "auto"
+    tf32: bool = True
+    cudnn_benchmark: bool = True
     # Training loss only; evaluation reports plain cross entropy.
     label_smoothing: float = bounded(0.0, ge=0, lt=1)
     # Non-finite gradients (without fp16, whose scaler skips such steps itself): stop before
@@ -123,6 +128,9 @@ class OptimConfig:
     # train.batch_size (the linear scaling rule); the global batch, not the GPU count, decides.
     lr_reference_batch: int = bounded(0, ge=0)
     decay_norm_bias: bool = False  # also apply weight decay to norm weights and biases
+    # How the update runs: fused (one kernel for all parameters), foreach (batched ops),
+    # loop (per parameter). auto: fused where the device supports it, else foreach.
+    implementation: Literal["auto", "fused", "foreach", "loop"] = "auto"
 
 
 @dataclass
@@ -191,6 +199,11 @@ class LogConfig:
     entity: str | None = None
     progress: Literal["auto", "bar", "plain", "off"] = "auto"
     sample_ids: bool = False  # write each step's global sample ids to samples.jsonl (tests)
+    # Peak dense TFLOP/s of one device, for MFU; 0: from the GPU's name (bf16 datasheet
+    # figure of known GPUs), no MFU on CPU.
+    peak_tflops: float = bounded(0.0, ge=0)
+    # Warn once when more than this fraction of a log window was spent waiting for data.
+    data_wait_warn: float = bounded(0.1, gt=0, le=1)
 
 
 @dataclass
@@ -218,6 +231,7 @@ class FaultConfig:
     hang_in_save_at_step: int = bounded(0, ge=0)  # > 0: stall mid-write of this step's checkpoint
     # > 0: this step's loss (and so its gradients) is NaN, every attempt
     nan_at_step: int = bounded(0, ge=0)
+    data_delay_ms: float = bounded(0.0, ge=0)  # > 0: every batch fetch takes this much longer
 
 
 @dataclass
@@ -299,8 +313,7 @@ def _check_type(path: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if origin is Literal:
         choices = typing.get_args(annotation)
-        if value is False and "off" in choices:  # YAML 1.1 reads a bare `off` as false
-            value = "off"
+        value = _on_off(value, choices)
         if value not in choices or isinstance(value, bool) and True not in choices:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(str, choices))}")
         return value
@@ -328,6 +341,17 @@ def _check_type(path: str, value: Any, annotation: Any) -> Any:
     if annotation in (int, float) and isinstance(value, bool) or not isinstance(value, annotation):
         name = getattr(annotation, "__name__", str(annotation))
         raise ConfigError(f"{path}: expected {name}, got {value!r}")
+    return value
+
+
+ON_OFF = {True: "on", False: "off", "true": "on", "false": "off"}
+
+
+def _on_off(value: Any, choices: tuple) -> Any:
+    """YAML 1.1 reads a bare `on`/`off` (and true/false) as booleans: for a field whose
+    choices are on/off, they mean on/off (so `train.compile=true` keeps working)."""
+    if isinstance(value, bool | str) and value in ON_OFF and ON_OFF[value] in choices:
+        return ON_OFF[value]
     return value
 
 

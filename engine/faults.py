@@ -12,8 +12,6 @@ import time
 
 from engine.config import FaultConfig
 
-SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGUSR2")
-
 
 class RunError(RuntimeError):
     """Training stopped for a reason the message states; printed as one line, exit 1."""
@@ -41,6 +39,12 @@ def inject_after_step(cfg: FaultConfig, step: int, rank: int) -> None:
     if cfg.hang_at_step == step:
         while True:  # a rank stuck in a step: it answers no collective, and no signal ends it
             time.sleep(3600)
+
+
+def slow_data(cfg: FaultConfig) -> None:
+    """Stall each fetch of a batch, as data on slow storage does (starvation diagnostics)."""
+    if cfg.data_delay_ms:
+        time.sleep(cfg.data_delay_ms / 1000)
 
 
 def save_pause(cfg: FaultConfig, step: int) -> float:

@@ -35,12 +35,24 @@ def param_groups(model: nn.Module, cfg: OptimConfig, lr: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, batch_size: int) -> torch.optim.Optimizer:
+def implementation(cfg: OptimConfig, device: torch.device) -> dict[str, bool]:
+    """The optimizer's fused/foreach flags. Fused kernels exist for SGD and AdamW on CUDA and
+    CPU (torch >= 2.4); elsewhere auto falls back to foreach."""
+    choice = cfg.implementation
+    if choice == "auto":
+        choice = "fused" if device.type in ("cuda", "cpu") else "foreach"
+    return {"fused": choice == "fused", "foreach": choice == "foreach"}
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, batch_size: int, device: torch.device
+) -> torch.optim.Optimizer:
     lr = base_lr(cfg, batch_size)
     groups = param_groups(model, cfg, lr)
+    flags = implementation(cfg, device)
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, **flags)
 
 
 def in_steps(cfg: SchedConfig, steps_per_epoch: int) -> SchedConfig:

@@ -37,6 +37,9 @@ class Recipe:
     # Data-dependent initialisation (model, training dataset), e.g. whitening filters from
     # the images; deterministic, so every rank computes the same weights.
     prepare: Callable[[nn.Module, Dataset], None] | None = None
+    # The shape of one input sample given the data config, e.g. (3, 224, 224): the engine
+    # counts the model's FLOPs per sample from it and logs MFU where the device's peak is known.
+    sample_shape: Callable[..., tuple[int, ...]] | None = None
 
 
 def available() -> list[str]:

@@ -28,9 +28,17 @@ from engine.data.loaders import eval_loader, train_loader
 from engine.data.mix import BatchMix, build_mix
 from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.ema import build_ema, ema_state, load_ema_state, update_ema
-from engine.faults import RunError, inject_after_step, save_pause
+from engine.faults import RunError, inject_after_step, save_pause, slow_data
 from engine.optim import build_optimizer, build_scheduler
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
+from engine.speed import (
+    compile_enabled,
+    flops_per_sample,
+    gpu_memory_gb,
+    memory_format,
+    peak_flops,
+    set_backend_flags,
+)
 from engine.tracking import (
     NullTracker,
     Progress,
@@ -62,6 +70,7 @@ class Run:
     run_dir: Path
     model: nn.Module  # wrapped for training (DDP/DP/compiled) or bare
     bare: nn.Module
+    eval_model: nn.Module  # the bare model, compiled when training is
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -83,6 +92,10 @@ class Run:
     # First step whose gradients were not finite (0: none), kept on the device so that the
     # check costs no host sync per step; read at log intervals and before every checkpoint.
     first_bad_step: torch.Tensor | None = None
+    memory_format: torch.memory_format = torch.contiguous_format  # of 4-d input batches
+    flops_per_sample: float = 0.0  # training FLOPs (forward + backward); 0: unknown
+    peak_flops: float = 0.0  # of all devices together; 0: unknown (no MFU)
+    warned_data_wait: bool = False
 
 
 # ---------------------------------------------------------------- configuration
@@ -119,33 +132,44 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
 
 def wrap_model(
     model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.device, accum_steps: int
-):
-    dcfg, strategy = cfg.dist, cfg.dist.strategy
+) -> tuple[nn.Module, nn.Module]:
+    """(the model to train, the model to evaluate). Compiled: DDP is wrapped first, so that
+    dynamo's DDPOptimizer splits the graph at DDP's buckets and gradients are all-reduced
+    while the backward pass runs. Evaluation compiles the bare model (no DDP in its graph)
+    for static shapes: one graph at the eval batch size (predict pads the last batch)."""
+    compiled = compile_enabled(cfg.train.compile, device)
+    strategy = parallel_strategy(cfg.dist.strategy, denv)
+    eval_model = torch.compile(model, dynamic=False) if compiled else model
+    if strategy == "dp":  # DataParallel replicates per call, which dynamo cannot trace
+        return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
+    wrapped = ddp_wrap(model, cfg.dist, device, accum_steps) if strategy == "ddp" else model
+    return (torch.compile(wrapped) if compiled else wrapped), eval_model
+
+
+def parallel_strategy(strategy: str, denv: D.DistEnv) -> str:
     if strategy == "auto":
         strategy = "ddp" if denv.distributed else "none"
     if strategy == "dp" and denv.distributed:
         raise C.ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
     if strategy == "none" and denv.distributed:
         raise C.ConfigError("dist.strategy=none with several processes; use ddp")
-    if cfg.train.compile:
-        model = torch.compile(model)
-    if strategy == "dp":
-        return nn.DataParallel(model)
-    if strategy == "ddp":
-        if dcfg.sync_bn:
-            if device.type != "cuda":
-                raise C.ConfigError("dist.sync_bn needs CUDA devices (no CPU kernel); unset it")
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        return nn.parallel.DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
-            # A static graph and no_sync() break each other (DDP's expect_autograd_hooks_
-            # assert at the first accumulated step), so accumulation runs without it.
-            static_graph=dcfg.static_graph and not dcfg.find_unused_parameters and accum_steps == 1,
-            find_unused_parameters=dcfg.find_unused_parameters,
-        )
-    return model
+    return strategy
+
+
+def ddp_wrap(model: nn.Module, dcfg: C.DistConfig, device: torch.device, accum_steps: int):
+    if dcfg.sync_bn:
+        if device.type != "cuda":
+            raise C.ConfigError("dist.sync_bn needs CUDA devices (no CPU kernel); unset it")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        # A static graph and no_sync() break each other (DDP's expect_autograd_hooks_
+        # assert at the first accumulated step), so accumulation runs without it.
+        static_graph=dcfg.static_graph and not dcfg.find_unused_parameters and accum_steps == 1,
+        find_unused_parameters=dcfg.find_unused_parameters,
+    )
 
 
 def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:
@@ -198,12 +222,12 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     if source:
         ckpt.load_model_state(model, source[1]["model"], source[0])
         check_config_drift(cfg, source, denv.is_main)
-    if cfg.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model.to(device)
+    set_backend_flags(cfg.train, cfg.deterministic)
+    layout = memory_format(model, cfg.train.channels_last)
+    model = model.to(device, memory_format=layout)
     ema = build_ema(model, cfg.ema)
-    wrapped = wrap_model(model, cfg, denv, device, plan.accum_steps)
-    optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size)
+    wrapped, eval_model = wrap_model(model, cfg, denv, device, plan.accum_steps)
+    optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size, device)
     scheduler = build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch)
     dtype = amp_dtype(cfg.train.amp, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -237,6 +261,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         run_dir,
         wrapped,
         model,
+        eval_model,
         optimizer,
         scheduler,
         scaler,
@@ -255,6 +280,9 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         skip_bad=skip_bad,
         lock_fd=lock_fd,
         first_bad_step=torch.zeros((), dtype=torch.long, device=device),
+        memory_format=layout,
+        flops_per_sample=flops_per_sample(recipe, cfg),
+        peak_flops=peak_flops(cfg.log.peak_tflops, device) * denv.world_size,
     )
 
 
@@ -382,6 +410,12 @@ def flush_bad_count(run: Run) -> None:
 
 
 def predict(run: Run, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits; a compiled model sees every batch at the full eval batch size (the last one
+    padded), so a shard's shorter last batch costs no recompilation."""
+    size = run.cfg.eval.batch_size
+    if model is run.eval_model is not run.bare and len(x) < size:
+        padding = x.new_zeros((size - len(x), *x.shape[1:]))
+        x = torch.cat([x, padding]).contiguous(memory_format=run.memory_format)
     with autocast(run):
         logits = model(x)
         if run.cfg.eval.hflip_tta:  # the mirror image is as likely; average both views
@@ -410,9 +444,9 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     for batch in loader:
         if run.cfg.log.sample_ids:
             seen += batch.index.tolist()
-        x, y = to_device(batch.x, batch.y, run)
+        x, y = to_device(batch.x, batch.y, run, run.eval_data)
         keep = (batch.replaced == 0).to(device)
-        logits = predict(run, model, x)
+        logits = predict(run, model, x)[: len(y)]
         loss = run.eval_loss_fn(logits, y, reduction="none")[keep].sum()
         k = min(5, logits.shape[-1])
         hits = (logits.topk(k, dim=-1).indices == y[:, None])[keep]
@@ -440,10 +474,13 @@ def autocast(run: Run):
     return torch.autocast(run.device.type, dtype=run.amp_dtype)
 
 
-def to_device(x: torch.Tensor, y: torch.Tensor, run: Run):
-    x = x.to(run.device, non_blocking=True)
-    if run.cfg.train.channels_last and x.ndim == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
+def to_device(x, y: torch.Tensor, run: Run, dataset):
+    """The batch on the device, in the model's memory format. A dataset may finish its batches
+    there (`finish_on_device`: uint8 images normalised, or JPEG bytes decoded, on the device)."""
+    finish = getattr(dataset, "finish_on_device", None)
+    x = finish(x, run.device) if finish else x.to(run.device, non_blocking=True)
+    if x.ndim == 4:
+        x = x.contiguous(memory_format=run.memory_format)
     return x, y.to(run.device, non_blocking=True)
 
 
@@ -459,7 +496,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     accum = len(micro_batches)
     total = torch.zeros((), device=run.device)
     for j, batch in enumerate(micro_batches):
-        x, y = to_device(batch.x, batch.y, run)
+        x, y = to_device(batch.x, batch.y, run, run.train_data)
         if run.mix is not None:
             x, y = run.mix(x, y, run.state.epoch, micro_position(run, j))
         last = j == accum - 1
@@ -522,6 +559,7 @@ class Meter:
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.windows = 0  # log windows recorded so far
         self.reset()
 
     def reset(self) -> None:
@@ -547,12 +585,42 @@ class Meter:
             "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,
         }
+        rec |= speed_figures(run, rec["samples_per_s"])
         if run.skip_bad:
             rec["bad_samples"] = st.bad_samples
         if run.cfg.train.nan_policy == "skip":
             rec["skipped_steps"] = st.skipped_steps
+        if self.windows > 0:  # the first window of an epoch includes the workers' start
+            warn_if_starved(run, rec["data_wait"])
+        self.windows += 1
         self.reset()
         return rec
+
+
+def speed_figures(run: Run, samples_per_s: float) -> dict:
+    """MFU (achieved / peak FLOP/s of all devices) where both are known; rank 0's GPU memory
+    high-water mark on CUDA."""
+    out = {}
+    if run.flops_per_sample and run.peak_flops:
+        out["mfu"] = samples_per_s * run.flops_per_sample / run.peak_flops
+    memory = gpu_memory_gb(run.device)
+    if memory is not None:
+        out["gpu_mem_gb"] = memory
+    return out
+
+
+def warn_if_starved(run: Run, data_wait: float) -> None:
+    """Once per run: the loader, not the model, sets the pace."""
+    if run.warned_data_wait or data_wait <= run.cfg.log.data_wait_warn:
+        return
+    run.warned_data_wait = True
+    workers = run.cfg.loader.num_workers
+    decode = " or data.decode=gpu" if hasattr(run.cfg.data, "decode") else ""
+    log(
+        f"warning: {data_wait:.0%} of the last {run.cfg.log.every_steps} steps waited for data "
+        f"(rank {run.denv.rank}): the loader cannot keep the {run.device.type.upper()} busy. "
+        f"Raise loader.num_workers (now {workers}){decode}, or put the data on faster storage"
+    )
 
 
 def train_epoch(run: Run, progress: Progress) -> str | None:
@@ -565,6 +633,7 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
     while st.position < steps_in_epoch * plan.global_batch and st.step < run.total_steps:
         waited = time.perf_counter()
         micro = [next(batches) for _ in range(plan.accum_steps)]
+        slow_data(cfg.fault)
         meter.wait += time.perf_counter() - waited
         if cfg.log.sample_ids:
             write_sample_ids(run, micro)
@@ -650,7 +719,7 @@ def end_epoch(run: Run, progress: Progress) -> None:
 
 
 def run_eval(run: Run, progress: Progress) -> dict:
-    result = evaluate(run, run.bare)
+    result = evaluate(run, run.eval_model)
     if run.ema is not None:
         averaged = evaluate(run, run.ema.module)
         result |= {f"ema_{k}": averaged[k] for k in ("loss", "top1", "top5")}

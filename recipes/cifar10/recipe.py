@@ -17,5 +17,6 @@ RECIPE = Recipe(
     build_model=build_model,
     data_config=DataConfig,
     build_datasets=build_datasets,
+    sample_shape=lambda data: (3, 32, 32),
     prepare=prepare,
 )

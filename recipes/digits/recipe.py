@@ -7,4 +7,5 @@ RECIPE = Recipe(
     build_model=build_model,
     data_config=DataConfig,
     build_datasets=build_datasets,
+    sample_shape=lambda data: (1, 8, 8),
 )

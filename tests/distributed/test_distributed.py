@@ -116,6 +116,18 @@ def test_spawned_processes_train_exactly_like_torchrun(root, two_procs):
     assert same_weights(final_weights(root, "spawned"), two_procs)
 
 
+def test_compiled_ddp_trains_like_eager_ddp(tmp_path):
+    """torch.compile(DDP(model)): dynamo's DDPOptimizer splits the graph at DDP's buckets;
+    the losses and weights match the eager run up to float rounding (inductor fuses ops)."""
+    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
+    common = ["train.max_steps=6", "log.every_steps=2"]
+    for mode in ("on", "off"):
+        run_engine(tmp_path, mode, *common, f"train.compile={mode}", prefix=spawn, timeout=600)
+    compiled, eager = ([r["loss"] for r in records(tmp_path, m, "train")] for m in ("on", "off"))
+    assert len(compiled) == 3 and compiled == pytest.approx(eager, abs=1e-4)
+    assert max_difference(final_weights(tmp_path, "on"), final_weights(tmp_path, "off")) < 1e-4
+
+
 def test_two_process_checkpoint_resumes_on_two_bitwise_and_on_one(root, two_procs):
     for name in ("resume2", "resume1"):
         out = run_engine(root, name, *INVARIANT, "train.stop_at_step=17", prefix=torchrun(2))

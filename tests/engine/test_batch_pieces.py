@@ -33,7 +33,7 @@ def test_progressive_resizing_follows_the_epoch_in_multiples_of_32():
     image = torch.randint(0, 255, (3, 300, 280), dtype=torch.uint8)
     assert transform(image).shape == (3, 160, 160)
     transform.set_epoch(14)
-    assert transform(image).shape == (3, 192, 192) and transform(image).dtype == torch.float32
+    assert transform(image).shape == (3, 192, 192) and transform(image).dtype == torch.uint8
 
 
 def test_ema_copies_during_warmup_then_averages():
@@ -55,11 +55,11 @@ def test_param_groups_lr_scaling_rule_norm_decay_and_lr_scale():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     model[1].bias.lr_scale = 64.0
     cfg = OptimConfig(lr=0.1, lr_reference_batch=256, weight_decay=1e-4)
-    groups = build_optimizer(model, cfg, batch_size=1024).param_groups
+    groups = build_optimizer(model, cfg, 1024, torch.device("cpu")).param_groups
     by_size = {sum(p.numel() for p in g["params"]): g for g in groups}
     assert by_size[108]["lr"] == 0.4 and by_size[108]["weight_decay"] == 1e-4  # conv weight
     assert by_size[8]["weight_decay"] == 0.0  # conv bias + BN weight: no decay by default
     assert by_size[4]["lr"] == 0.4 * 64  # the BN bias
     cfg.decay_norm_bias = True
-    groups = build_optimizer(model, cfg, batch_size=256).param_groups
+    groups = build_optimizer(model, cfg, 256, torch.device("cpu")).param_groups
     assert {g["weight_decay"] for g in groups} == {1e-4, 1e-4 / 64}

@@ -57,7 +57,7 @@ def test_literal_fields_take_the_override_as_written():
         ("optim.lr=2", lambda c: c.optim.lr == 2.0 and isinstance(c.optim.lr, float)),
         ("sched.milestones=[1,2]", lambda c: c.sched.milestones == [1, 2]),
         ("train.micro_batch_size=null", lambda c: c.train.micro_batch_size is None),
-        ("train.compile=true", lambda c: c.train.compile is True),
+        ("train.compile=true", lambda c: c.train.compile == "on"),
         ("seed=7", lambda c: c.seed == 7),
         ("train.epochs=010", lambda c: c.train.epochs == 10),  # decimal, not YAML 1.1 octal
         ("train.micro_batch_size=08", lambda c: c.train.micro_batch_size == 8),

@@ -1,0 +1,183 @@
+"""The speed defaults take effect, and each switch turns its default off: memory format,
+fused/foreach optimizers, TF32 and cuDNN flags, compile (evaluation included), FLOPs per
+sample and MFU, and the starvation warning."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from engine import distributed as D
+from engine.speed import flops_per_sample, memory_format
+from engine.train import Progress, load_config, run_eval, setup, train_epoch
+from tests.helpers import records, run_engine
+
+QUIET = ["log.wandb=off", "log.progress=off", "device=cpu"]
+
+
+@pytest.fixture
+def build(tmp_path):
+    """setup() in this process; the global backend flags it sets are restored afterwards."""
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    runs = []
+
+    def make(*overrides, recipe="digits"):
+        cfg, recipe_ = load_config(recipe, [*QUIET, f"run.root={tmp_path}", *overrides])
+        cfg.run.name = f"run{len(runs)}"
+        run = setup(cfg, recipe_, D.DistEnv(), torch.device("cpu"))
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.tracker.close()
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
+    torch.use_deterministic_algorithms(saved[3])
+
+
+def conv_weights(model: nn.Module) -> list[torch.Tensor]:
+    return [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
+
+
+def test_convolutional_models_train_channels_last_by_default(build):
+    run = build("train.max_steps=2")
+    weights = conv_weights(run.bare)
+    assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+    seen = []
+    for conv in (m for m in run.bare.modules() if isinstance(m, nn.Conv2d)):
+        conv.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    train_epoch(run, Progress(run.total_steps, 0, "off", False))
+    assert seen and all(x.is_contiguous(memory_format=torch.channels_last) for x in seen)
+    # NHWC for real: with one channel (the digits input) both layouts coincide, with 32 not
+    assert not all(x.is_contiguous() for x in seen)
+
+
+def test_channels_last_switch_keeps_the_default_layout(build):
+    run = build("train.channels_last=false")
+    assert all(w.is_contiguous() for w in conv_weights(run.bare))
+    assert not all(
+        w.is_contiguous(memory_format=torch.channels_last) for w in conv_weights(run.bare)
+    )
+
+
+def test_models_without_2d_convolutions_keep_their_layout():
+    mlp = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert memory_format(mlp, channels_last=True) == torch.contiguous_format
+    assert memory_format(nn.Conv2d(1, 1, 3), channels_last=True) == torch.channels_last
+
+
+@pytest.mark.parametrize(
+    "choice, fused, foreach",
+    [
+        ("auto", True, False),
+        ("fused", True, False),
+        ("foreach", False, True),
+        ("loop", False, False),
+    ],
+)
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_optimizer_implementation_switch(build, name, choice, fused, foreach):
+    run = build(f"optim.name={name}", f"optim.implementation={choice}")
+    assert bool(run.optimizer.defaults["fused"]) is fused
+    assert bool(run.optimizer.defaults["foreach"]) is foreach
+
+
+def backend_flags() -> tuple:
+    return (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ((), ("high", True, True)),
+        (("train.tf32=false",), ("highest", False, True)),
+        (("train.cudnn_benchmark=false",), ("high", True, False)),
+        (("deterministic=true",), ("highest", False, False)),  # both off, whatever the switches
+    ],
+)
+def test_tf32_and_cudnn_benchmark_follow_their_switches_and_deterministic(
+    build, overrides, expected
+):
+    torch.set_float32_matmul_precision("medium")  # neither value setup may leave
+    build(*overrides)
+    assert backend_flags() == expected
+
+
+def test_compile_auto_is_off_on_cpu(build):
+    run = build()
+    assert run.model is run.bare and run.eval_model is run.bare
+
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torch.compile through dynamo with the eager backend: the graphs are captured and
+    counted as with inductor, without minutes of C++ compilation on a CPU."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    yield torch._dynamo.utils.counters
+    torch._dynamo.reset()
+
+
+def test_compiled_model_is_used_for_evaluation_without_recompiling(build, eager_compile):
+    run = build("train.compile=on", "train.max_steps=2", "eval.batch_size=256")
+    assert isinstance(run.eval_model, torch._dynamo.eval_frame.OptimizedModule)
+    assert run.eval_model._orig_mod is run.bare
+    assert len(run.eval_data) % 256, "the test needs a shorter last evaluation batch"
+    train_epoch(run, Progress(run.total_steps, 0, "off", False))
+    before = eager_compile["stats"]["unique_graphs"]
+    progress = Progress(run.total_steps, 0, "off", False)
+    first = run_eval(run, progress)
+    # One new graph, for eval mode: the shorter last batch is padded to the batch size
+    # rather than compiled again for its shape.
+    assert eager_compile["stats"]["unique_graphs"] == before + 1
+    second = run_eval(run, progress)
+    assert eager_compile["stats"]["unique_graphs"] == before + 1
+    assert first["count"] == len(run.eval_data) and first["top1"] == second["top1"]
+    bare_logits = run.bare.eval()(
+        next(iter(run.loader)).x[:4].contiguous(memory_format=torch.channels_last)
+    )
+    assert torch.isfinite(bare_logits).all()
+
+
+def test_digits_flops_per_sample_are_counted_by_hand(build):
+    """3 x the forward FLOPs; a 3x3 convolution costs 2 * c_in * c_out * 9 per output pixel."""
+    run = build()
+    conv = 2 * 9 * (1 * 32 * 64 + 32 * 32 * 64 + 32 * 64 * 16 + 64 * 64 * 16)
+    assert run.flops_per_sample == 3 * (conv + 2 * 64 * 10)
+    cfg, recipe = load_config("imagenet", ["model.arch=resnet18", "model.num_classes=1000"])
+    assert flops_per_sample(recipe, cfg) == pytest.approx(3 * 3.64e9, rel=0.01)  # 1.82 GMACs
+
+
+@pytest.mark.slow
+def test_mfu_and_starvation_warning_in_metrics(tmp_path):
+    out = run_engine(
+        tmp_path,
+        "slow",
+        "train.max_steps=12",
+        "log.every_steps=3",
+        "log.peak_tflops=0.001",
+        "fault.data_delay_ms=30",
+    )
+    warnings = [line for line in out.stderr.splitlines() if "waited for data" in line]
+    assert len(warnings) == 1, out.stderr
+    assert "loader.num_workers (now 0)" in warnings[0]
+    train = records(tmp_path, "slow", "train")
+    assert len(train) == 4 and all(r["data_wait"] > 0.1 for r in train[1:])
+    flops = 3 * (2 * 9 * (32 * 64 + 32 * 32 * 64 + 32 * 64 * 16 + 64 * 64 * 16) + 2 * 64 * 10)
+    for r in train:
+        assert math.isclose(r["mfu"], r["samples_per_s"] * flops / 1e9, rel_tol=1e-9)
+        assert "gpu_mem_gb" not in r  # CUDA only
