@@ -25,6 +25,7 @@ from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms.v2 import functional as F
 
 from engine.data.errors import BadSample, DataError
+from engine.data.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp"}
 CACHE_FORMAT = 1
@@ -227,24 +228,45 @@ def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderI
     return train, val
 
 
-def _reason(err: Exception) -> str:
+def error_reason(err: Exception) -> str:
     # torchvision's messages start with "function, source.cpp:line, "; the rest is the reason
     return re.sub(r"^\w+, \S+:\d+, ", "", str(err))
+
+
+def decode_rgb(data: torch.Tensor, path: str) -> torch.Tensor:
+    """A file's bytes decoded on the CPU to a uint8 (3, H, W) RGB tensor, or BadSample."""
+    # truncated JPEGs raise here too ("Image is incomplete or truncated"), not a grey image
+    try:
+        image = decode_image(data, mode=ImageReadMode.RGB)
+    except RuntimeError as err:
+        raise BadSample(path, error_reason(err)) from None
+    if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
+        image = F.to_dtype(image, torch.uint8, scale=True)
+    return image
+
+
+def read_bytes(path: str) -> torch.Tensor:
+    try:
+        return read_file(path)
+    except RuntimeError as err:
+        raise BadSample(path, error_reason(err)) from None
 
 
 class ImageFiles(Dataset):
     """(image, label) per file of an index: the file decoded to a uint8 (3, H, W) RGB tensor
     (grayscale, CMYK, 16-bit and PNGs named .JPEG included), then `transform` (a
-    transforms.v2 callable on that tensor) if given. A file that cannot be read or decoded
-    (not an image, truncated, empty, gone) raises BadSample; the engine's loader decides
-    whether that stops the run or the file is skipped.
+    transforms.v2 callable on that tensor, uint8 in and out) if given. A file that cannot be
+    read or decoded (not an image, truncated, empty, gone) raises BadSample; the engine's
+    loader decides whether that stops the run or the file is skipped. The training loop
+    normalises each uint8 batch on the device (finish_on_device) with mean and std.
 
     Paths and labels are kept in numpy arrays, not lists: loader workers reading the items of
     a list of 1.28M str touch their reference counts, which copies those pages into every
     worker (~100 MB each); numpy's one buffer stays shared."""
 
-    def __init__(self, index: FolderIndex, transform=None):
+    def __init__(self, index: FolderIndex, transform=None, mean=IMAGENET_MEAN, std=IMAGENET_STD):
         self.root, self.classes, self.transform = index.root, index.classes, transform
+        self.mean, self.std = tuple(mean), tuple(std)
         self.files = np.array([os.fsencode(f) for f in index.files])
         self.labels = np.array(index.labels, dtype=np.int64)
 
@@ -256,15 +278,16 @@ class ImageFiles(Dataset):
         if hasattr(self.transform, "set_epoch"):
             self.transform.set_epoch(epoch)
 
+    def path(self, i: int) -> str:
+        return os.path.join(self.root, os.fsdecode(self.files[i]))
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        path = os.path.join(self.root, os.fsdecode(self.files[i]))
-        # truncated JPEGs raise here too ("Image is incomplete or truncated"), not a grey image
-        try:
-            image = decode_image(read_file(path), mode=ImageReadMode.RGB)
-        except RuntimeError as err:
-            raise BadSample(path, _reason(err)) from None
-        if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
-            image = F.to_dtype(image, torch.uint8, scale=True)
+        path = self.path(i)
+        image = decode_rgb(read_bytes(path), path)
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.labels[i])
+
+    def finish_on_device(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The loader's uint8 batch, normalised float32 on the device."""
+        return normalise_on_device(x, device, self.mean, self.std)

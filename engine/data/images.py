@@ -2,14 +2,17 @@
 configured by one dataclass that any image recipe nests in its data section
 (`data.augment.trivial_augment=true`).
 
-Training: RandomResizedCrop, flip, optionally TrivialAugmentWide, then float, normalise, and
-optionally RandomErasing (torchvision's reference order). Evaluation: resize, centre crop.
+The per-sample transforms work on uint8 and end in uint8: the batch crosses to the device as
+uint8 (4x fewer bytes than float32) and is normalised there (`normalise_on_device`), so the
+loader workers do no float work. Training: RandomResizedCrop, flip, optionally
+TrivialAugmentWide and RandomErasing. Evaluation: resize, centre crop.
 Progressive resizing (FFCV's low-res training): the training crop grows with the epoch; the
 epoch reaches the transform through set_epoch, called per sample by the engine's loader, so
 it works in persistent workers and after a resume."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,12 +49,27 @@ def ramp_size(cfg: ImageAugment, epoch: int) -> int:
     return max(32, int(round(size / 32)) * 32)
 
 
-def _finish(mean, std) -> list:
-    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+def mean_colour(mean) -> list[int]:
+    """The mean colour in 0..255, rounded: what normalised 0 is in uint8."""
+    return [round(m * 255) for m in mean]
+
+
+@functools.lru_cache(maxsize=8)
+def _device_stats(mean: tuple, std: tuple, device: torch.device):
+    # made once per device: building them per batch would copy to the device every step
+    scale = torch.tensor([mean, std], dtype=torch.float32, device=device) * 255
+    return scale[0].view(1, -1, 1, 1), scale[1].view(1, -1, 1, 1)
+
+
+def normalise_on_device(x: torch.Tensor, device: torch.device, mean, std) -> torch.Tensor:
+    """A uint8 NCHW batch to normalised float32 on the device: the copy is of uint8 (pinned
+    memory makes it asynchronous), the float work runs there."""
+    m, s = _device_stats(tuple(mean), tuple(std), torch.device(device))
+    return (x.to(device, non_blocking=True).float() - m) / s
 
 
 class TrainTransform:
-    """uint8 CHW in, normalised float CHW out; the crop size follows the epoch."""
+    """uint8 CHW in, uint8 CHW out (normalised on the device); the crop size follows the epoch."""
 
     def __init__(self, cfg: ImageAugment, mean=IMAGENET_MEAN, std=IMAGENET_STD):
         self.cfg, self.mean, self.std = cfg, mean, std
@@ -63,22 +81,22 @@ class TrainTransform:
         if size == self.size:
             return
         cfg, self.size = self.cfg, size
-        steps = [v2.RandomResizedCrop(size, scale=(cfg.scale_min, 1.0), antialias=True)]
+        self.crop = v2.RandomResizedCrop(size, scale=(cfg.scale_min, 1.0), antialias=True)
+        steps = [self.crop]
         if cfg.hflip:
             steps.append(v2.RandomHorizontalFlip())
         if cfg.trivial_augment:
             steps.append(v2.TrivialAugmentWide())
-        steps += _finish(self.mean, self.std)
         if cfg.random_erasing > 0:
-            steps.append(v2.RandomErasing(p=cfg.random_erasing))
+            # torchvision's reference erases after normalising, to 0: the mean colour. Here it
+            # runs on uint8 before normalising, so it erases to the mean colour in 0..255.
+            steps.append(v2.RandomErasing(p=cfg.random_erasing, value=mean_colour(self.mean)))
         self.pipeline = v2.Compose(steps)
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         return self.pipeline(image)
 
 
-def eval_transform(cfg: ImageAugment, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> v2.Compose:
-    return v2.Compose(
-        [v2.Resize(cfg.eval_resize, antialias=True), v2.CenterCrop(cfg.eval_size)]
-        + _finish(mean, std)
-    )
+def eval_transform(cfg: ImageAugment) -> v2.Compose:
+    """uint8 CHW in, uint8 CHW out: resize the shorter side, then the centre crop."""
+    return v2.Compose([v2.Resize(cfg.eval_resize, antialias=True), v2.CenterCrop(cfg.eval_size)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from engine.config import LoaderConfig
 from engine.data.device import DeviceImages, DeviceLoader
@@ -87,8 +87,20 @@ class SeededSamples(Dataset):
             torch.default_generator.set_state(saved)
 
 
+def collate(samples: list[Sample]) -> Sample:
+    """default_collate, except for samples whose x type brings its own `collate` (a batch the
+    dataset finishes on the device, e.g. gpu_decode's EncodedImage); y, index and replaced
+    collate as always."""
+    collate_x = getattr(type(samples[0].x), "collate", None)
+    if collate_x is None:
+        return default_collate(samples)
+    y, index, replaced = default_collate([(s.y, s.index, s.replaced) for s in samples])
+    return Sample(collate_x([s.x for s in samples]), y, index, replaced)
+
+
 def _worker_options(cfg: LoaderConfig, device: torch.device) -> dict:
     opts = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory and device.type == "cuda"}
+    opts["collate_fn"] = collate
     if cfg.num_workers > 0:
         opts |= {
             "persistent_workers": cfg.persistent_workers,

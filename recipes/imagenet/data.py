@@ -1,15 +1,18 @@
 """ImageNet in its folder layout (`train/<wnid>/*.JPEG`, `val/<wnid>/*.JPEG` at data.root),
-decoded and augmented per sample by the engine's image pipeline; or, with `synthetic`,
-random tensors of the same shape, to measure throughput without data."""
+decoded and augmented per sample by the engine's image pipeline (or, with `decode: gpu`,
+decoded and augmented on the training device per batch); or, with `synthetic`, random
+images of the same shape, to measure throughput without data."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from torch.utils.data import Dataset
 
 from engine.config import bounded
+from engine.data.gpu_decode import DeviceDecodedFiles, check_augment
 from engine.data.imagefolder import ImageFiles, imagenet_indexes
 from engine.data.images import ImageAugment, TrainTransform, eval_transform
 from engine.data.synthetic import SyntheticImages
@@ -20,6 +23,10 @@ class DataConfig:
     root: str = ""  # "": $RECIPES_DATA/imagenet or data/imagenet in the checkout
     index_cache: str = ""  # "": beside the data when writable, else ~/.cache/recipes/index
     skip_bad: bool = False  # replace and count unreadable files instead of stopping
+    # gpu: workers read the files and draw the crops; the device decodes (nvJPEG on CUDA),
+    # crops and flips whole batches. No trivial_augment or random_erasing; a file that fails
+    # only on the device stops the run even with skip_bad. Not used with synthetic data.
+    decode: Literal["cpu", "gpu"] = "cpu"
     synthetic: bool = False  # random images: throughput with no data on disk
     synthetic_train: int = bounded(1_281_167, ge=1)  # ImageNet-1k's sizes
     synthetic_val: int = bounded(50_000, ge=1)
@@ -34,6 +41,10 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
             SyntheticImages(cfg.synthetic_train, cfg.synthetic_classes, aug.train_size),
             SyntheticImages(cfg.synthetic_val, cfg.synthetic_classes, aug.eval_size),
         )
+    if cfg.decode == "gpu":
+        check_augment(aug)  # a config mistake: said before the data is read
     cache = Path(cfg.index_cache) if cfg.index_cache else None
     train, val = imagenet_indexes(Path(cfg.root), cache)
+    if cfg.decode == "gpu":
+        return DeviceDecodedFiles(train, aug, train=True), DeviceDecodedFiles(val, aug, train=False)
     return ImageFiles(train, TrainTransform(aug)), ImageFiles(val, eval_transform(aug))

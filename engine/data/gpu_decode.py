@@ -1,0 +1,244 @@
+"""JPEG decoding on the training device (`data.decode: gpu`): the loader workers only read each
+file's bytes, take its size from the header and draw the sample's augmentation; the training
+device decodes the whole batch at once (torchvision.io.decode_jpeg: nvJPEG on CUDA), then
+crops, resizes, flips and normalises it there.
+
+The augmentation is drawn with the CPU pipeline's own RNG calls (RandomResizedCrop's
+make_params, then the flip's draw), and applied with the same functions, so on the CPU the
+batches are bitwise those of `decode: cpu` for the same seeds. On CUDA, nvJPEG's IDCT and the
+resize's float kernels round differently from libjpeg-turbo and the CPU's uint8 resize.
+
+Files the device is not given: whatever PIL's header does not show as a colour JPEG (the PNG
+named .JPEG in ImageNet, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,
+most likely) are decoded in the worker as `decode: cpu` does, and travel decoded in the same
+batch; unreadable files raise BadSample there, so data.skip_bad works as with `decode: cpu`.
+A file whose header reads but whose body fails on the device stops the run with a DataError
+naming it: by then the batch has left the loader, and skip_bad cannot replace the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as F
+
+from engine.config import ConfigError
+from engine.data.errors import DataError
+from engine.data.imagefolder import FolderIndex, ImageFiles, decode_rgb, error_reason, read_bytes
+from engine.data.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageAugment,
+    TrainTransform,
+    eval_transform,
+    normalise_on_device,
+)
+
+END_OF_IMAGE = b"\xff\xd9"
+
+
+def device_jpeg_size(data: torch.Tensor) -> tuple[int, int] | None:
+    """(height, width) of a colour JPEG ending in its end marker, read from its header; None
+    for any other file (the worker decodes those)."""
+    raw = data.numpy().tobytes()
+    if not raw.endswith(END_OF_IMAGE):  # truncated: the CPU decoder names the problem
+        return None
+    try:
+        with Image.open(io.BytesIO(raw)) as header:
+            if header.format == "JPEG" and header.mode == "RGB":
+                return header.height, header.width
+    except Exception:  # noqa: BLE001 - any header PIL cannot read: decode_rgb decides
+        pass
+    return None
+
+
+@dataclass
+class EncodedImage:
+    """One sample as a worker leaves it: the file's bytes (1-D uint8) or, for a file the
+    device is not given, the image decoded in the worker (uint8 (3, H, W)); the crop box
+    (top, left, height, width) and flip drawn for it (training); the output side."""
+
+    data: torch.Tensor
+    path: str
+    box: tuple[int, int, int, int] | None
+    flip: bool
+    size: int
+
+    @staticmethod
+    def collate(images: list[EncodedImage]) -> EncodedBatch:
+        return EncodedBatch.collate(images)
+
+
+@dataclass
+class EncodedBatch:
+    """A batch of EncodedImages. The JPEG files' bytes are concatenated into one tensor: one
+    shared-memory block from the worker and one pinned buffer, not one per file."""
+
+    encoded: torch.Tensor  # the bytes of the files the device decodes, in batch order
+    lengths: list[int]  # per file in `encoded`
+    decoded: list[torch.Tensor | None]  # per sample: decoded in the worker, or None
+    paths: list[str]
+    boxes: list[tuple[int, int, int, int] | None]
+    flips: list[bool]
+    size: int
+
+    @staticmethod
+    def collate(images: list[EncodedImage]) -> EncodedBatch:
+        sizes = {im.size for im in images}
+        if len(sizes) != 1:
+            raise ValueError(f"one batch holds samples of output sizes {sorted(sizes)}")
+        files = [im.data for im in images if im.data.ndim == 1]
+        return EncodedBatch(
+            encoded=torch.cat(files) if files else torch.empty(0, dtype=torch.uint8),
+            lengths=[len(f) for f in files],
+            decoded=[None if im.data.ndim == 1 else im.data for im in images],
+            paths=[im.path for im in images],
+            boxes=[im.box for im in images],
+            flips=[im.flip for im in images],
+            size=sizes.pop(),
+        )
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def pin_memory(self) -> EncodedBatch:
+        """For the DataLoader's pin_memory: the copies to the device become asynchronous."""
+        return dataclasses.replace(
+            self,
+            encoded=self.encoded.pin_memory(),
+            decoded=[None if d is None else d.pin_memory() for d in self.decoded],
+        )
+
+    def files(self) -> list[torch.Tensor]:
+        """Each encoded file's bytes, as views of `encoded`."""
+        return list(torch.split(self.encoded, self.lengths)) if self.lengths else []
+
+
+def decode_batch(batch: EncodedBatch, device: torch.device) -> list[torch.Tensor]:
+    """Every image of the batch, uint8 (3, H, W) on the device, in batch order."""
+    on_device = [k for k, d in enumerate(batch.decoded) if d is None]
+    images = [None if d is None else d.to(device, non_blocking=True) for d in batch.decoded]
+    if on_device:
+        files = batch.files()
+        try:
+            decoded = _decode_jpegs(files, device)
+        except RuntimeError as err:
+            raise _failed_file(files, [batch.paths[k] for k in on_device], device, err) from None
+        for k, image in zip(on_device, decoded, strict=True):
+            images[k] = image
+    return images
+
+
+def _decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    if device.type != "cuda":
+        return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+    # torchvision's CUDA decoder writes from a private stream into memory allocated on the
+    # current stream without waiting for it (pytorch/vision#9606): a block the last step freed
+    # while its kernels still read it could be overwritten. Allocated on a stream of its own,
+    # which runs no kernels, it only gets blocks nothing reads any more; record_stream keeps
+    # them so until the training stream is done with them.
+    main, side = torch.cuda.current_stream(device), _decode_stream(device)
+    with torch.cuda.stream(side):
+        images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+    main.wait_stream(side)
+    for image in images:
+        image.record_stream(main)
+    return images
+
+
+@functools.cache
+def _decode_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
+def _failed_file(files, paths, device, err: RuntimeError) -> Exception:
+    """The batch failed as a whole: decode it one by one to name the file."""
+    for data, path in zip(files, paths, strict=True):
+        try:
+            _decode_jpegs([data], device)
+        except RuntimeError as one:
+            reason = error_reason(one).splitlines()[0]
+            return DataError(
+                f"unreadable sample {path}: {reason} (decoding on {device}); replace or delete "
+                "the file, or set data.decode=cpu (with decode=gpu, data.skip_bad cannot skip "
+                "a file whose header reads but whose data does not decode)"
+            )
+    return err  # each file decodes alone: not a file's fault
+
+
+def check_augment(cfg: ImageAugment) -> None:
+    """The augmentations this path cannot apply, refused in one line."""
+    if cfg.trivial_augment or cfg.random_erasing > 0:
+        raise ConfigError(
+            "data.decode=gpu cannot apply data.augment.trivial_augment or random_erasing "
+            "(they need per-sample work on the CPU): turn them off or set data.decode=cpu"
+        )
+
+
+class DeviceDecodedFiles(ImageFiles):
+    """An ImageFiles whose samples are EncodedImages (train: with their crop and flip drawn;
+    eval: none), decoded and augmented on the device by finish_on_device."""
+
+    def __init__(
+        self,
+        index: FolderIndex,
+        cfg: ImageAugment,
+        train: bool,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    ):
+        if train:
+            check_augment(cfg)
+        transform = TrainTransform(cfg, mean, std) if train else eval_transform(cfg)
+        super().__init__(index, transform, mean, std)
+        self.cfg, self.train = cfg, train
+
+    def __getitem__(self, i: int) -> tuple[EncodedImage, int]:
+        path = self.path(i)
+        data = read_bytes(path)
+        size = device_jpeg_size(data)
+        if size is None:
+            data = decode_rgb(data, path)
+            size = tuple(data.shape[-2:])
+        box, flip, out = None, False, self.cfg.eval_size
+        if self.train:
+            box, flip = self._draw(size)
+            out = self.transform.size
+        return EncodedImage(data, path, box, flip, out), int(self.labels[i])
+
+    def _draw(self, size: tuple[int, int]) -> tuple[tuple[int, int, int, int], bool]:
+        """The crop and flip TrainTransform would draw for an image of this size: the same
+        calls on torch's RNG, in the same order (make_params only reads the size)."""
+        stand_in = torch.empty(()).expand(3, *size)  # no memory: stride 0
+        p = self.transform.crop.make_params([stand_in])
+        # RandomHorizontalFlip flips unless torch.rand(1) >= p (0.5), so only with hflip
+        flip = self.cfg.hflip and bool(torch.rand(1) < 0.5)
+        return (p["top"], p["left"], p["height"], p["width"]), flip
+
+    def images_on_device(self, x: EncodedBatch, device: torch.device) -> torch.Tensor:
+        """The batch decoded and augmented: uint8 NCHW on the device."""
+        images = decode_batch(x, device)
+        if self.train:
+            plans = zip(images, x.boxes, x.flips, strict=True)
+            images = [_crop_flip(im, box, flip, x.size) for im, box, flip in plans]
+        else:
+            images = [self.transform(im) for im in images]  # resize, centre crop: no draws
+        return torch.stack(images)
+
+    def finish_on_device(self, x: EncodedBatch, device: torch.device) -> torch.Tensor:
+        """The batch decoded, augmented and normalised: float32 NCHW on the device."""
+        return normalise_on_device(self.images_on_device(x, device), device, self.mean, self.std)
+
+
+def _crop_flip(image: torch.Tensor, box, flip: bool, size: int) -> torch.Tensor:
+    """What RandomResizedCrop(size, antialias=True) and the flip do with these parameters."""
+    image = F.resized_crop(
+        image, *box, size=[size, size], interpolation=InterpolationMode.BILINEAR, antialias=True
+    )
+    return F.horizontal_flip(image) if flip else image
