@@ -132,9 +132,10 @@ ENTRIES = [  # (key, baseline key, name, note)
 ]
 
 
-def run(quick: bool = False) -> list[dict]:
+def run(quick: bool = False, smoke: bool = False) -> list[dict]:
+    """smoke: 8 files, 1 round, for the test that runs every benchmark (not a measurement)."""
     aug = ImageAugment()
-    rounds, per_class = (7, 8) if quick else (21, 16)
+    rounds, per_class = (1, 2) if smoke else (7, 8) if quick else (21, 16)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
