@@ -8,6 +8,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
+from bench.jpegs import write_jpeg_folder
 from engine.config import ConfigError, LoaderConfig
 from engine.data.errors import DataError
 from engine.data.gpu_decode import DeviceDecodedFiles, EncodedBatch
@@ -178,19 +179,24 @@ def test_per_sample_cpu_augmentations_are_refused(data, option):
     DeviceDecodedFiles(index, ImageAugment(**option), train=False)  # evaluation does neither
 
 
+def blurred(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.avg_pool2d(x.float(), 4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs a CUDA device")
-def test_on_cuda_the_batch_is_pinned_decoded_by_nvjpeg_and_close_to_cpu_decode(data):
-    cpu, gpu = datasets(data)
+def test_on_cuda_the_batch_is_pinned_decoded_by_nvjpeg_and_close_to_cpu_decode(tmp_path):
+    root = write_jpeg_folder(tmp_path / "photos", classes=2, train_per_class=8, val_per_class=1)
+    cpu, gpu = datasets(root, ImageAugment(train_size=128))
     cuda = torch.device("cuda")
     for a, b in zip(train_batches(cpu, 4, 0), train_batches(gpu, 4, 0), strict=True):
         pinned = b.x.pin_memory()
-        assert pinned.encoded.is_pinned() and all(
-            d.is_pinned() for d in pinned.decoded if d is not None
-        )
+        assert pinned.encoded.is_pinned()
         on_cuda = gpu.images_on_device(pinned, cuda)
         assert on_cuda.device.type == "cuda" and on_cuda.dtype == torch.uint8
-        # nvJPEG's IDCT and the float resize round differently from libjpeg-turbo's
-        assert (on_cuda.cpu().float() - a.x.float()).abs().mean() < 3
+        # nvJPEG's IDCT, chroma upsampling and the float resize round differently from the
+        # CPU's: close after a blur, where another crop or a missed flip is far off
+        assert (blurred(on_cuda.cpu()) - blurred(a.x)).abs().mean() < 3
+        assert gpu.finish_on_device(pinned, cuda).dtype == torch.float32
 
 
 @pytest.mark.slow
