@@ -1,0 +1,105 @@
+"""The one-shot GPU benchmark (bench/gpu.sh) in its smoke mode: every measurement runs with
+tiny sizes (on the CPU here) in an interpreter where wandb and submitit cannot be imported, as
+on the lent GPU machine, and leaves one JSON file with the versions and an entry for each."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.datagen_cifar import write_cifar_batches
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SCRIPT = REPO / "bench" / "gpu.sh"
+MEASUREMENTS = [
+    "resnet50_synthetic",
+    "imagenet_jpeg",
+    "cifar10_fast",
+    "compile_recompiles",
+    "gpt",
+    "memory_and_mfu",
+]
+
+
+def without_wandb_and_submitit(tmp_path: Path) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['wandb'] = None\nsys.modules['submitit'] = None\n"
+    )
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WANDB_API_KEY", "GPU_BENCH_BUDGET_S")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+    return env | {
+        "PYTHONPATH": str(site),
+        "GPU_BENCH_PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def test_wrapper_is_valid_bash():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
+    env = without_wandb_and_submitit(tmp_path)
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import wandb"], env=env, capture_output=True, text=True
+    )
+    assert blocked.returncode != 0 and "import of wandb halted" in blocked.stderr
+    # CIFAR-10 files where the recipe looks for them: the run-to-the-end path runs too
+    write_cifar_batches(tmp_path / "data" / "cifar10", 1024, 256, python2=False)
+    out = tmp_path / "out"
+    env |= {"OUT": str(out), "RECIPES_DATA": str(tmp_path / "data")}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--smoke"],
+        cwd=tmp_path,  # the wrapper finds the repository itself
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    path = out / "gpu.json"
+    assert f"results in {path}" in done.stdout
+    result = json.loads(path.read_text())
+
+    assert result["mode"] == "smoke" and result["finished_utc"]
+    versions = result["versions"]
+    for key in ("python", "torch", "torchvision", "cuda", "cudnn", "git_sha"):
+        assert key in versions, key
+    assert versions["torch"].split("+")[0] in done.stdout + json.dumps(versions)
+
+    m = result["measurements"]
+    assert list(m) == MEASUREMENTS
+    for name, entry in m.items():
+        assert entry["status"] in ("ok", "error", "skipped", "not present"), name
+        if entry["status"] == "error":
+            assert entry["error"], name
+        if entry["status"] in ("skipped", "not present"):
+            assert entry["reason"], name
+
+    # The smoke run exists to prove the code paths: here each of them must run.
+    a = m["resnet50_synthetic"]
+    assert a["status"] == "ok", a
+    for mode in ("eager", "compiled"):
+        assert a[mode]["status"] == "ok", a[mode]
+        assert a[mode]["engine"]["img_per_s"] > 0 and a[mode]["bare"]["img_per_s"] > 0
+        assert a[mode]["engine_over_bare"] > 0
+    cpu = m["imagenet_jpeg"]["cpu_decode"]
+    assert cpu["status"] == "ok", cpu
+    assert cpu["img_per_s"] > 0 and 0 <= cpu["data_wait_fraction"] <= 1
+    gpu = m["imagenet_jpeg"]["gpu_decode"]  # on a CPU the device decode runs on the CPU
+    assert gpu["status"] == "ok" and gpu["img_per_s"] > 0, gpu
+    c = m["cifar10_fast"]
+    assert c["status"] == "ok", c
+    assert c["epoch_s"] > 0 and c["projected_budget_s"] > c["epoch_s"]
+    real = c["real_data"]
+    assert real["status"] == "ok" and real["steps"] == 6 and 0 <= real["top1"] <= 1, real
+    d = m["compile_recompiles"]
+    assert d["status"] == "ok", d
+    assert d["frames_compiled"] >= 1 and d["recompiles"] >= 0 and len(d["phases"]) == 5
+    assert m["memory_and_mfu"]["status"] == "ok" and m["memory_and_mfu"]["rows"]
