@@ -206,7 +206,8 @@ class Bench:
         self.started = time.perf_counter()
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
         self.cache: dict = {}  # data folders made once, (a)'s figures for (b)
-        self.current = ""
+        self.current = ""  # the part running now, for the watchdog's note
+        self.measurement = ""  # the measurement running now
         self.lock = threading.Lock()
         self.result = {
             "script": "bench/gpu.py",
@@ -381,8 +382,15 @@ def start_watchdog(bench: Bench, grace_s: float = 15.0) -> None:
         where = bench.current or "between measurements"
         bench.note(f"aborted by the watchdog {grace_s:.0f} s past the budget, during: {where}")
         bench.result["aborted"] = where
+        results = bench.result["measurements"]
+        for name in MEASUREMENTS:
+            if name == bench.measurement:
+                results[name] = {"status": "error", "error": f"aborted over the budget: {where}"}
+            elif name not in results:
+                results[name] = {"status": "skipped", "reason": "not reached: over the budget"}
         bench.write(final=True)
         print(f"gpu-bench: over the budget during {where}; results so far: {bench.out}", flush=True)
+        shutil.rmtree(bench.tmp, ignore_errors=True)
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="gpu-bench-watchdog").start()
@@ -817,6 +825,8 @@ def resnet50_synthetic(bench: Bench) -> dict:
         "flops_note": "3x forward FLOPs counted by FlopCounterMode (2 FLOPs per multiply-add); "
         f"ResNet-50's usual '{RESNET50_FORWARD_GMACS} GFLOPs' are multiply-adds",
         "peak": peak_source,
+        "memory_note": "peak_memory_gb of a path: the high-water mark during its timed "
+        "segments, with both models, their optimizer states and the device images resident",
         "targets": {k: TARGETS[k] for k in ("resnet50_img_per_s", "engine_over_bare")},
     }
     out["eager"] = attempt(
@@ -1048,6 +1058,10 @@ def cifar10_fast(bench: Bench) -> dict:
             "eval_first_s": round(eval_first, 3),
             "eval_s": round(eval_s, 3),
             "projected_budget_with_final_eval_s": round(budget_steps * epoch_s / spe + eval_s, 3),
+            # what a fresh process takes: the first epoch and evaluation compile
+            "projected_cold_start_s": round(
+                out["first_epoch_s"] + (budget_steps - spe) * epoch_s / spe + eval_first, 3
+            ),
             "img_per_s": round(spe * run.cfg.train.batch_size / epoch_s, 1),
             "train_mflops_per_img": round(flops / 1e6, 2),
             "mfu": mfu(spe * run.cfg.train.batch_size / epoch_s, flops, peak),
@@ -1236,6 +1250,7 @@ RUNNERS = {
 def run_all(bench: Bench, only: set[str] | None) -> None:
     results = bench.result["measurements"]
     for name in MEASUREMENTS:
+        bench.measurement = name
         if only and name not in only:
             results[name] = {"status": "skipped", "reason": "not selected (--only)"}
         elif name == "gpt":
@@ -1247,6 +1262,7 @@ def run_all(bench: Bench, only: set[str] | None) -> None:
         else:
             need = 5.0 if bench.smoke else min(30.0, dict(bench.sizes.planned_s)[name] / 4)
             results[name] = attempt(bench, name, lambda n=name: RUNNERS[n](bench), need_s=need)
+        bench.measurement = ""
         bench.write()
 
 
