@@ -46,7 +46,8 @@ def flops_per_sample(recipe, cfg) -> float:
         return 0.0
     shape = recipe.sample_shape(cfg.data)
     with torch.device("meta"):
-        model = recipe.build_model(copy.deepcopy(cfg.model))
+        # eval mode: batch norm on a 1x1 feature map refuses a batch of one in training mode
+        model = recipe.build_model(copy.deepcopy(cfg.model)).eval()
         sample = torch.zeros((1, *shape))
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(sample)

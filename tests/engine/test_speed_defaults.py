@@ -160,6 +160,8 @@ def test_digits_flops_per_sample_are_counted_by_hand(build):
     assert run.flops_per_sample == 3 * (conv + 2 * 64 * 10)
     cfg, recipe = load_config("imagenet", ["model.arch=resnet18", "model.num_classes=1000"])
     assert flops_per_sample(recipe, cfg) == pytest.approx(3 * 3.64e9, rel=0.01)  # 1.82 GMACs
+    cfg.data.augment.train_size = 32  # a 1x1 last feature map: batch norm counts in eval mode
+    assert flops_per_sample(recipe, cfg) == pytest.approx(3 * 3.64e9 / 49, rel=0.05)
 
 
 @pytest.mark.slow
