@@ -10,14 +10,14 @@ RECIPE ?= digits
 NODES ?= 1
 PROCS ?= 1
 SEEDS ?= 3
-export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS RUNS
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train recipes test test-fast submit docker-train image sif sweep bench lint dry-run venv lock clean
+.PHONY: train recipes test test-fast submit docker-train image sif sweep report bench lint dry-run venv lock clean
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -41,6 +41,10 @@ submit: $(STAMP)
 
 sweep: $(STAMP)
 	@$(PY) -m launch sweep
+
+# A chart and a Markdown summary of run directories, beside them: make report RUNS="runs/digits/a runs/digits/b"
+report: $(STAMP)
+	@$(PY) -m launch report
 
 docker-train: $(STAMP)
 	@$(PY) -m launch docker-train

@@ -15,6 +15,7 @@ Environment (all optional):
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
   RECIPES_DIR (where recipes are looked up; default <repo>/recipes)
+  RUNS (report: the run directories, space-separated, when none are given as arguments)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ COMMANDS = (
     "sif",
     "render",
     "recipes",
+    "report",
 )
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
@@ -84,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m launch",
         description="Render the command for a training request and print it or run it.",
-        epilog="Overrides go last, after --: python -m launch train --gpus 0 -- optim.lr=0.2",
+        epilog="Overrides go last, after --: python -m launch train --gpus 0 -- optim.lr=0.2. "
+        "report RUN_DIR...: a chart and a Markdown summary of the runs, written in their common "
+        "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given).",
     )
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")
@@ -106,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="BASE", help="sweep: only (re)write BASE's report")
     for name, (flag, env) in SLURM_FLAGS.items():
         p.add_argument(flag, dest=name, help=f"SLURM (env {env})")
-    p.add_argument("overrides", nargs="*", help="config overrides key=value (after ARGS)")
+    p.add_argument(
+        "overrides", nargs="*", help="config overrides key=value (after ARGS); report: run dirs"
+    )
     return p
 
 
@@ -481,6 +487,12 @@ def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return sweep.main(args, env)
 
 
+def cmd_report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from launch import report
+
+    return report.main(args, env, dry=is_dry(args, env))
+
+
 def cmd_recipes(env: Mapping[str, str]) -> int:
     """Each recipe with its configs and what they train, ready to copy as RECIPE/CONFIG."""
     names = available_recipes(env)
@@ -513,6 +525,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             return cmd_sweep(args, env)
         if args.command == "recipes":
             return cmd_recipes(env)
+        if args.command == "report":
+            return cmd_report(args, env)
         return cmd_run(args, env)
     except UserError as e:
         print(f"launch: {printable(str(e))}", file=sys.stderr)

@@ -2,7 +2,8 @@
 with mean ± sample standard deviation.
 
 Seed i runs as `seed=i run.name=<base>-seed<i>`; the report lands in
-`<run root>/<recipe>/<base>-sweep/report.md` and `report.json`. Locally the runs go one after
+`<run root>/<recipe>/<base>-sweep/report.md` and `report.json`, with `chart.png` beside them
+(mean curves over seeds with a ±1 std band, and each seed's final headline metric). Locally the runs go one after
 the other; with --slurm (or --target submit, TARGET=submit) they are one job array.
 """
 
@@ -20,9 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from launch import render
+from launch import charts, render
 from launch.errors import UserError
 from launch.render import Request
+from launch.runs import headline_metric, read_config, read_metrics
 
 METRICS = ("top1", "top5", "eval_loss", "seconds", "steps", "world_size")
 
@@ -74,7 +76,9 @@ def fmt(value: Any, whole: bool = False) -> str:
     return f"{value:.1f}" if whole or abs(value) >= 10 else f"{value:.4f}"
 
 
-def report_markdown(recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]) -> str:
+def report_markdown(
+    recipe: str, base: str, runs: Mapping[int, tuple[str, dict]], chart: str | None = None
+) -> str:
     stats = summarize({seed: summary for seed, (_, summary) in runs.items()})
     names = list(stats)
     lines = [
@@ -96,6 +100,12 @@ def report_markdown(recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]
         f"Mean ± sample standard deviation (n - 1) over {len(runs)} seeds.",
         "",
     ]
+    if chart:
+        lines += [
+            f"![Mean over seeds with a ±1 std band: training loss and the headline metric; "
+            f"each seed's final headline metric]({chart})",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -112,10 +122,55 @@ def read_summaries(run_dirs: Mapping[int, Path]) -> dict[int, tuple[str, dict]]:
     return runs
 
 
-def write_report(folder: Path, recipe: str, base: str, runs: Mapping[int, tuple[str, dict]]):
-    """Writes report.md and report.json; returns the markdown."""
+def mean_band(series: list[dict[int, float]]) -> charts.Band:
+    """Mean and sample std over seeds at each step every seed recorded (a seed that stopped
+    early shortens the curve rather than skewing its end)."""
+    steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    columns = [[s[step] for s in series] for step in steps]
+    std = [statistics.stdev(c) for c in columns] if len(series) > 1 else None
+    return charts.Band(steps, [statistics.fmean(c) for c in columns], std)
+
+
+def _values(records: list[dict], key: str) -> dict[int, float]:
+    return {r["step"]: r[key] for r in records if _is_number(r.get(key))}
+
+
+def sweep_chart(run_dirs: Mapping[int, Path], runs: Mapping[int, tuple[str, dict]]):
+    """The chart's data from the seeds' metrics.jsonl and summary.json; what could not be read
+    is said on stderr and left out."""
+    first = run_dirs[min(run_dirs)]
+    headline = headline_metric(read_config(first / "config.yaml", []))
+    metrics = {seed: read_metrics(folder / "metrics.jsonl") for seed, folder in run_dirs.items()}
+    for note in (n for m in metrics.values() for n in m.notes):
+        print(f"launch: warning: {note}", file=sys.stderr)
+    summaries = {seed: summary for seed, (_, summary) in runs.items()}
+    stats = summarize(summaries).get(headline, {})
+    return charts.Sweep(
+        headline=headline,
+        loss=mean_band([_values(m.train, "loss") for m in metrics.values()]),
+        metric=mean_band([_values(m.eval, headline) for m in metrics.values()]),
+        finals={s: v[headline] for s, v in summaries.items() if _is_number(v.get(headline))},
+        mean=stats.get("mean"),
+        std=stats.get("std"),
+    )
+
+
+def write_report(
+    folder: Path,
+    recipe: str,
+    base: str,
+    runs: Mapping[int, tuple[str, dict]],
+    run_dirs: Mapping[int, Path] | None = None,
+):
+    """Writes report.md and report.json, and chart.png when the seeds' run directories are
+    given; returns the markdown."""
     folder.mkdir(parents=True, exist_ok=True)
-    text = report_markdown(recipe, base, runs)
+    chart = None
+    if run_dirs:
+        title = f"Seed sweep {base} ({recipe}): {len(runs)} seeds"
+        charts.draw_sweep(sweep_chart(run_dirs, runs), folder / "chart.png", title)
+        chart = "chart.png"
+    text = report_markdown(recipe, base, runs, chart)
     data = {
         "recipe": recipe,
         "base": base,
@@ -123,6 +178,7 @@ def write_report(folder: Path, recipe: str, base: str, runs: Mapping[int, tuple[
         "runs": {str(seed): {"run": run, "summary": s} for seed, (run, s) in sorted(runs.items())},
         "metrics": summarize({seed: s for seed, (_, s) in runs.items()}),
         "std": "sample (n - 1)",
+        "chart": chart,
     }
     (folder / "report.md").write_text(text)
     (folder / "report.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -209,9 +265,10 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             return 0
     else:
         run_local(reqs, dry=False)
-    runs = read_summaries({i: Path(req.src) / r.run_dir for i, r in enumerate(reqs)})
-    print(write_report(folder, req.recipe, base, runs), end="")
-    print(f"report: {folder / 'report.md'}", file=sys.stderr)
+    run_dirs = {i: Path(req.src) / r.run_dir for i, r in enumerate(reqs)}
+    runs = read_summaries(run_dirs)
+    print(write_report(folder, req.recipe, base, runs, run_dirs), end="")
+    print(f"report: {folder / 'report.md'}, chart: {folder / 'chart.png'}", file=sys.stderr)
     return 0
 
 
@@ -221,5 +278,5 @@ def report_only(req: Request, base: str) -> int:
     if not found:
         raise UserError(f"no runs named {base}-seed<i> in {parent}; check --report and RECIPE")
     folder = report_dir(req.src, req.run_root, req.recipe, base)
-    print(write_report(folder, req.recipe, base, read_summaries(found)), end="")
+    print(write_report(folder, req.recipe, base, read_summaries(found), found), end="")
     return 0

@@ -1,0 +1,176 @@
+"""Charts from run directories: the curves of one or more runs (`launch report`) and a seed
+sweep's mean ± std. Drawn on matplotlib's Agg canvas (no display needed, no pyplot state) at a
+fixed size and dpi in matplotlib's bundled font, so a chart is the same picture, of the same
+size, on a laptop, a CPU-only cluster node and in the container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch.runs import Run
+
+DPI = 100
+RUNS_PX = (1500, 1000)  # (width, height) of a report's chart
+SWEEP_PX = (1500, 500)  # of a sweep's chart
+STYLE = {"font.family": "DejaVu Sans", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
+NOT_METRICS = ("kind", "step", "epoch", "count", "loss")
+STYLES = ("-", ":", "-.", "--")  # one per evaluation metric, the headline solid
+TRAIN_PANELS = (  # record key, title
+    ("lr", "learning rate"),
+    ("samples_per_s", "samples/s"),
+    ("data_wait", "data-wait fraction (time waiting for the loader)"),
+)
+
+
+@dataclass
+class Band:
+    """A curve over seeds: the mean at each step and the sample std (None for one seed)."""
+
+    steps: list[int]
+    mean: list[float]
+    std: list[float] | None
+
+
+@dataclass
+class Sweep:
+    """What a sweep's chart shows: the curves over seeds and each seed's final headline metric
+    with the report's mean and std of it (None where there is none)."""
+
+    headline: str
+    loss: Band
+    metric: Band
+    finals: dict[int, float]
+    mean: float | None
+    std: float | None
+
+
+def metric_label(key: str) -> str:
+    return re.sub(r"^top(\d+)$", r"top-\1", key)
+
+
+@contextlib.contextmanager
+def _canvas(path: Path, size_px: tuple[int, int], cols: int, rows: int = 1) -> Iterator:
+    """A figure of exactly size_px pixels, saved to path as PNG when the block ends. matplotlib
+    is imported here: launch's other commands never pay for it."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(size_px[0] / DPI, size_px[1] / DPI), dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        yield fig, list(fig.subplots(rows, cols, squeeze=False).ravel())
+        fig.savefig(path, dpi=DPI, format="png")
+
+
+def _percent(ax) -> None:
+    from matplotlib.ticker import PercentFormatter
+
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+
+
+def _line(ax, records: list[dict], key: str, colour: str, style: str, marker=None) -> None:
+    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
+    if points:
+        ax.plot(*zip(*points, strict=True), color=colour, linestyle=style, marker=marker, ms=4)
+
+
+def _key(ax, entries: list[tuple[str, str]], marker=None) -> None:
+    """A grey legend saying which line style means what."""
+    for style, label in entries:
+        ax.plot([], [], color="grey", linestyle=style, marker=marker, label=label)
+    ax.legend(loc="best", fontsize=8)
+
+
+def _finish(ax, title: str, empty: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("optimizer step")
+    if not ax.lines or all(len(line.get_xdata()) == 0 for line in ax.lines):
+        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="grey")
+
+
+def eval_metrics(runs: list[Run], headline: str) -> list[str]:
+    """The evaluation metrics the runs recorded, the headline first (drawn solid)."""
+    found = {
+        k
+        for run in runs
+        for r in run.metrics.eval
+        for k, v in r.items()
+        if k not in NOT_METRICS and isinstance(v, int | float)
+    }
+    ordered = [headline] * (headline in found) + sorted(found - {headline})
+    return ordered[: len(STYLES)]
+
+
+def draw_runs(runs: list[Run], labels: list[str], headline: str, path: Path, title: str) -> Path:
+    """Six panels against optimizer steps: loss (training and evaluation), evaluation metrics,
+    learning rate, samples/s, data-wait fraction, and the legend naming each run's colour."""
+    metrics = eval_metrics(runs, headline)
+    with _canvas(path, RUNS_PX, cols=3, rows=2) as (fig, axes):
+        loss, evals, *train_axes, key = axes
+        fig.suptitle(title)
+        for i, run in enumerate(runs):
+            colour = f"C{i % 10}"
+            _line(loss, run.metrics.train, "loss", colour, "-")
+            _line(loss, run.metrics.eval, "loss", colour, "--", marker="o")
+            for metric, style in zip(metrics, STYLES, strict=False):
+                _line(evals, run.metrics.eval, metric, colour, style, marker="o")
+            for ax, (name, _) in zip(train_axes, TRAIN_PANELS, strict=True):
+                _line(ax, run.metrics.train, name, colour, "-")
+            key.plot([], [], color=colour, linewidth=3, label=textwrap.fill(labels[i], 60))
+        _key(loss, [("-", "training"), ("--", "evaluation")])
+        _finish(loss, "loss", "no records yet")
+        if metrics:
+            _key(evals, [(s, metric_label(m)) for m, s in zip(metrics, STYLES, strict=False)], "o")
+        if all(m.startswith("top") for m in metrics):
+            _percent(evals)
+        _finish(evals, "evaluation, once an epoch", "no evaluation yet")
+        for ax, (_, title_text) in zip(train_axes, TRAIN_PANELS, strict=True):
+            _finish(ax, title_text, "no records yet")
+        _percent(train_axes[-1])
+        key.axis("off")
+        key.legend(loc="upper left", fontsize=8, title="runs (what differs)", frameon=False)
+    return path
+
+
+def _band(ax, band: Band, colour: str, title: str, empty: str, marker=None) -> None:
+    if band.steps:
+        ax.plot(band.steps, band.mean, color=colour, marker=marker, ms=4, label="mean over seeds")
+        if band.std is not None:
+            low = [m - s for m, s in zip(band.mean, band.std, strict=True)]
+            high = [m + s for m, s in zip(band.mean, band.std, strict=True)]
+            ax.fill_between(band.steps, low, high, color=colour, alpha=0.25, label="± 1 std")
+        ax.legend(loc="best", fontsize=8)
+    _finish(ax, title, empty)
+
+
+def draw_sweep(sweep: Sweep, path: Path, title: str) -> Path:
+    """Mean training loss and mean headline metric over seeds, each with a ±1 sample-std band,
+    and each seed's final headline metric as a point beside their mean and std."""
+    label = metric_label(sweep.headline)
+    with _canvas(path, SWEEP_PX, cols=3) as (fig, (loss_ax, metric_ax, final_ax)):
+        fig.suptitle(title)
+        _band(loss_ax, sweep.loss, "C0", "training loss", "no records")
+        _band(metric_ax, sweep.metric, "C1", f"evaluation {label}", "no evaluation records", "o")
+        seeds = sorted(sweep.finals)
+        final_ax.scatter(seeds, [sweep.finals[s] for s in seeds], color="C1", zorder=3,
+                         label=f"final {label} of a seed")  # fmt: skip
+        if sweep.mean is not None:
+            final_ax.axhline(sweep.mean, color="grey", label="mean")
+        if sweep.mean is not None and sweep.std is not None:
+            low, high = sweep.mean - sweep.std, sweep.mean + sweep.std
+            final_ax.axhspan(low, high, color="grey", alpha=0.2, label="± 1 std")
+        final_ax.set_xticks(seeds)
+        final_ax.set_xlabel("seed")
+        final_ax.set_title(f"final {label} per seed (summary.json)")
+        final_ax.legend(loc="best", fontsize=8)
+        if sweep.headline.startswith("top"):
+            _percent(metric_ax)
+            _percent(final_ax)
+    return path

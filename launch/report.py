@@ -1,0 +1,182 @@
+"""`python -m launch report RUN_DIR...` (`make report RUNS="runs/digits/a runs/digits/b"`): a
+chart of the runs' curves and a Markdown summary of them, from the run directories alone.
+
+Both land next to the runs, in their common parent folder, named after the run set:
+`report-<names>.png` and `report-<names>.md`, the run names sorted and joined with '+' (a long
+set: the first name, how many more, and a hash of all of them). Running it again on the same
+runs replaces them. The chart draws several runs over each other, each named in the legend by
+its run name and the settings in which it differs from the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import sys
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+
+from launch import charts, runs
+from launch.errors import UserError
+from launch.runs import Run
+
+OWN_COLUMNS = ("seconds", "world_size")  # shown as "time" and "world size"
+MAX_STEM = 120
+
+
+def run_paths(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+    """The run directories: the command's arguments, else RUNS (split as a shell would)."""
+    if args.overrides:
+        return list(args.overrides)
+    try:
+        paths = shlex.split(env.get("RUNS", ""))
+    except ValueError as err:
+        raise UserError(f"RUNS cannot be split into paths ({err}); check its quotes") from None
+    if not paths:
+        raise UserError(
+            'no runs given; make report RUNS="runs/digits/a runs/digits/b", '
+            "or python -m launch report RUN_DIR..."
+        )
+    return paths
+
+
+def read_runs(paths: list[str]) -> list[Run]:
+    """Each run, named by its path from the runs' common parent (its bare name when they
+    share a parent, as runs of one recipe do)."""
+    found = [runs.read_run(p) for p in paths]
+    where = [r.path.resolve() for r in found]
+    for i, path in enumerate(where):
+        if path in where[:i]:
+            raise UserError(f"{paths[i]} is given twice; name each run once")
+    parent = common_parent(found)
+    for run, path in zip(found, where, strict=True):
+        run.name = str(path.relative_to(parent))
+    return found
+
+
+def common_parent(found: list[Run]) -> Path:
+    return Path(os.path.commonpath([r.path.resolve().parent for r in found]))
+
+
+def output_stem(found: list[Run]) -> str:
+    names = sorted(r.name.replace(os.sep, "_") for r in found)
+    stem = "report-" + "+".join(names)
+    if len(stem) <= MAX_STEM:
+        return stem
+    digest = hashlib.sha256("\n".join(names).encode(errors="surrogateescape")).hexdigest()[:8]
+    return f"report-{names[0][:60]}+{len(names) - 1}-more-{digest}"
+
+
+def labels(found: list[Run]) -> list[str]:
+    """Legend entries: the run name and the settings that differ between the runs."""
+    keys = runs.differing(found)
+    return [" ".join([f"{run.name}:", *runs.overrides(run, keys)]).rstrip(":") for run in found]
+
+
+# ---------------------------------------------------------------- the Markdown summary
+
+
+def metric_columns(found: list[Run], headline: str) -> list[str]:
+    """The summaries' keys in the engine's order, the headline first."""
+    keys: list[str] = []
+    for run in found:
+        keys += [k for k in (run.summary or {}) if k not in keys and k not in OWN_COLUMNS]
+    return sorted(keys, key=lambda k: k != headline)  # stable: the rest keep their order
+
+
+def duration(seconds) -> str:
+    if not isinstance(seconds, int | float):
+        return "n/a"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = round(seconds) // 60
+    if minutes < 60:
+        return f"{minutes} min {round(seconds) % 60:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def git_text(env: Mapping) -> str:
+    sha = env.get("git_sha")
+    if not isinstance(sha, str):
+        return "n/a"
+    return sha[:12] + (" (dirty)" if env.get("git_dirty") else "")
+
+
+def status(run: Run) -> str:
+    if run.summary is not None:
+        return "finished"
+    return f"no summary.json yet, at step {run.last_step} (running or stopped)"
+
+
+def row(run: Run, columns: list[str], keys: list[str]) -> str:
+    """Metrics as summary.json holds them (JSON numbers, exactly), '–' until it exists."""
+    summary = run.summary or {}
+    metrics = [json.dumps(summary[c]) if c in summary else "–" for c in columns]
+    cells = [
+        run.name,
+        status(run),
+        *metrics,
+        duration(summary.get("seconds")),
+        str(run.world_size) if run.world_size is not None else "n/a",
+        git_text(run.env),
+        " ".join(runs.overrides(run, keys)),
+    ]
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def markdown(found: list[Run], chart: str, headline: str) -> str:
+    columns = metric_columns(found, headline)
+    keys = runs.differing(found)
+    head = ["run", "status", *columns, "time", "world size", "git", "differs"]
+    differs = ", ".join(keys) if keys else "nothing"
+    if len(found) == 1:
+        differs = "one run, nothing to compare"
+    lines = [
+        f"# Runs: {', '.join(r.name for r in found)}",
+        "",
+        f"![Training loss, learning rate, evaluation metrics, samples/s and data-wait "
+        f"fraction against optimizer steps]({chart})",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|---|" + "---:|" * (len(columns) + 2) + "---|---|",
+        *(row(run, columns, keys) for run in found),
+        "",
+        "Final metrics exactly as in each run's summary.json. Settings that differ between "
+        f"the runs (their config.yaml, names, folders and logging aside): {differs}.",
+    ]
+    notes = [note for run in found for note in run.metrics.notes]
+    if notes:
+        lines += ["", "Notes:", *(f"- {note}" for note in notes)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the command
+
+
+def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
+    found = read_runs(run_paths(args, env))
+    parent = common_parent(found)
+    stem = output_stem(found)
+    png, md = parent / f"{stem}.png", parent / f"{stem}.md"
+    if dry:
+        print(f"{png}\n{md}\n(dry run: nothing written)")
+        return 0
+    from launch.cli import printable
+
+    for note in (n for run in found for n in run.metrics.notes):
+        print(f"launch: warning: {printable(note)}", file=sys.stderr)
+    headline = runs.headline_metric(found[0].config)
+    title = textwrap.shorten("Runs: " + ", ".join(r.name for r in found), 160, placeholder=" ...")
+    try:
+        charts.draw_runs(found, labels(found), headline, png, title)
+        md.write_text(markdown(found, png.name, headline))
+    except OSError as err:
+        raise UserError(
+            f"cannot write the report in {parent} ({err.strerror}); make it writable", code=1
+        ) from None
+    print(f"{png}\n{md}")
+    return 0

@@ -1,0 +1,213 @@
+"""Reading run directories as the engine leaves them (config.yaml, env.json, summary.json,
+metrics.jsonl) for reports and charts. A run that is still going, stopped early, resumed or
+never evaluated reads as whatever is there; a path that is not a run is one UserError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.errors import UserError
+
+# The engine creates it as a run starts (right after config.yaml); a recipe folder, which has
+# a config.yaml too, never holds one.
+MARKER = "metrics.jsonl"
+# Settings that name, place, log or pause a run without changing what it trains.
+BOOKKEEPING_PREFIXES = ("run.", "log.")
+BOOKKEEPING = ("resume", "train.stop_at_step")
+UNSET = "(unset)"
+WHERE = "give a run directory, runs/<recipe>/<run name>"
+
+
+@dataclass
+class Metrics:
+    train: list[dict] = field(default_factory=list)
+    eval: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # lines skipped, said to the user
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str  # as shown in legends and tables; report.py may qualify it
+    config: dict[str, Any]  # flattened: {"optim.lr": 0.1, ...}
+    env: dict[str, Any]
+    summary: dict[str, Any] | None  # None until the run finishes
+    metrics: Metrics
+
+    @property
+    def world_size(self) -> Any:
+        return (self.summary or {}).get("world_size", self.env.get("world_size"))
+
+    @property
+    def last_step(self) -> int:
+        records = self.metrics.train + self.metrics.eval
+        return max((r["step"] for r in records), default=0)
+
+
+def headline_metric(config: dict[str, Any]) -> str:
+    """The one metric a recipe is judged by. Every recipe here classifies, so top-1; the run's
+    config is the argument so that a recipe may later declare its own."""
+    return "top1"
+
+
+# ---------------------------------------------------------------- metrics.jsonl
+
+
+def _record(raw: bytes) -> dict | None:
+    """A metrics record, or None for a line that is not one."""
+    try:
+        record = json.loads(raw)
+    except ValueError:  # JSONDecodeError and undecodable bytes alike
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        return None
+    step = record.get("step")
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def read_metrics(path: Path) -> Metrics:
+    """Train and eval records by step. A line that does not parse is skipped and noted: the
+    last one is torn when a run is writing it now or was killed while writing it. Where a
+    step was recorded twice (a resumed run repeats the steps after its checkpoint) the last
+    record wins."""
+    if not path.is_file():
+        return Metrics(notes=[f"{path}: missing, so no curves for this run"])
+    data = path.read_bytes()  # once: a live run keeps appending
+    lines = data.split(b"\n")
+    latest: dict[tuple[str, int], dict] = {}
+    notes = []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        record = _record(raw)
+        if record is None:
+            torn = number == len(lines)  # no newline after it: written only in part
+            why = "torn (written only in part)" if torn else "not a metrics record"
+            notes.append(f"{path}: line {number} skipped, {why}")
+            continue
+        latest.pop((record["kind"], record["step"]), None)  # keep file order for the rest
+        latest[(record["kind"], record["step"])] = record
+    ordered = sorted(latest.values(), key=lambda r: r["step"])
+    return Metrics(
+        train=[r for r in ordered if r["kind"] == "train"],
+        eval=[r for r in ordered if r["kind"] == "eval"],
+        notes=notes,
+    )
+
+
+# ---------------------------------------------------------------- a run directory
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{"optim": {"lr": 0.1}} -> {"optim.lr": 0.1}, the keys overrides are written with."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _read_json(path: Path, notes: list[str]) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_bytes())
+    except ValueError:
+        notes.append(f"{path}: not valid JSON, left out")
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_config(path: Path, notes: list[str]) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        tree = yaml.safe_load(path.read_bytes())
+    except yaml.YAMLError:
+        notes.append(f"{path}: not valid YAML, its settings left out")
+        return {}
+    return flatten(tree) if isinstance(tree, dict) else {}
+
+
+def check_run_dir(text: str) -> Path:
+    """The path as a run directory, or one UserError saying what it is instead."""
+    path = Path(text)
+    try:
+        if not path.exists():
+            raise UserError(f"{text}: no such directory; {WHERE}")
+        if not path.is_dir():
+            raise UserError(f"{text} is a file, not a run directory; {WHERE}")
+        if (path / MARKER).is_file():
+            return path
+        inside = sorted(p.name for p in path.iterdir())
+    except OSError as err:
+        raise UserError(f"{text}: cannot read it ({err.strerror}); {WHERE}") from None
+    if not inside:
+        raise UserError(f"{text} is an empty directory, not a run; {WHERE}")
+    runs = [name for name in inside if (path / name / MARKER).is_file()]
+    if runs:
+        example = " ".join(f"{text.rstrip('/')}/{name}" for name in runs[:2])
+        raise UserError(f"{text} holds runs, not a run's files; name the runs: RUNS='{example}'")
+    raise UserError(f"{text} is not a run directory (it has no {MARKER}); {WHERE}")
+
+
+def read_run(text: str) -> Run:
+    path = check_run_dir(text)
+    try:
+        metrics = read_metrics(path / "metrics.jsonl")
+        notes = metrics.notes
+        return Run(
+            path=path,
+            name=path.resolve().name,
+            config=read_config(path / "config.yaml", notes),
+            env=_read_json(path / "env.json", notes) or {},
+            summary=_read_json(path / "summary.json", notes),
+            metrics=metrics,
+        )
+    except OSError as err:
+        raise UserError(f"{text}: cannot read {err.filename} ({err.strerror})") from None
+
+
+# ---------------------------------------------------------------- what differs between runs
+
+
+def settings(run: Run) -> dict[str, Any]:
+    """What a run was asked to do: its config without bookkeeping, and its world size (not a
+    config value, but two runs differing only in it are told apart by it)."""
+    kept = {
+        k: v
+        for k, v in run.config.items()
+        if not k.startswith(BOOKKEEPING_PREFIXES) and k not in BOOKKEEPING
+    }
+    return kept | {"world_size": run.world_size}
+
+
+def _same_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def differing(runs: list[Run]) -> list[str]:
+    """The settings keys whose values are not the same in every run, sorted."""
+    each = [settings(run) for run in runs]
+    keys = sorted(set().union(*each))
+    return [k for k in keys if len({_same_key(s.get(k, UNSET)) for s in each}) > 1]
+
+
+def value_text(value: Any) -> str:
+    """A value as an override would write it: optim.name=sgd, train.amp=true, betas=[0.9, 1]."""
+    if isinstance(value, str):
+        return value or "''"
+    return json.dumps(value)
+
+
+def overrides(run: Run, keys: list[str]) -> list[str]:
+    values = settings(run)
+    return [f"{k}={value_text(values.get(k, UNSET))}" for k in keys]
