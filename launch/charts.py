@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.errors import UserError
 from launch.runs import Run
 
 DPI = 100
@@ -58,7 +59,14 @@ def metric_label(key: str) -> str:
 def _canvas(path: Path, size_px: tuple[int, int], cols: int, rows: int = 1) -> Iterator:
     """A figure of exactly size_px pixels, saved to path as PNG when the block ends. matplotlib
     is imported here: launch's other commands never pay for it."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError(
+            "the charts need matplotlib, which is not installed here; run make venv "
+            "(it installs requirements.lock)",
+            code=1,
+        ) from None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -89,8 +97,11 @@ def _key(ax, entries: list[tuple[str, str]], marker=None) -> None:
 
 
 def _finish(ax, title: str, empty: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(title)
     ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     if not ax.lines or all(len(line.get_xdata()) == 0 for line in ax.lines):
         ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="grey")
 

@@ -166,10 +166,13 @@ def write_report(
     given; returns the markdown."""
     folder.mkdir(parents=True, exist_ok=True)
     chart = None
-    if run_dirs:
+    if run_dirs:  # the numbers matter more than the picture: a chart failure is a warning
         title = f"Seed sweep {base} ({recipe}): {len(runs)} seeds"
-        charts.draw_sweep(sweep_chart(run_dirs, runs), folder / "chart.png", title)
-        chart = "chart.png"
+        try:
+            charts.draw_sweep(sweep_chart(run_dirs, runs), folder / "chart.png", title)
+            chart = "chart.png"
+        except (UserError, OSError) as err:
+            print(f"launch: warning: no chart: {err}", file=sys.stderr)
     text = report_markdown(recipe, base, runs, chart)
     data = {
         "recipe": recipe,

@@ -1,0 +1,222 @@
+"""`make report` / `python -m launch report` and the sweep's chart, on real run directories
+left by short digits runs: a 3-seed sweep, a run stopped and resumed, a run on 2 processes."""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from launch import charts, cli, report, runs, sweep
+from tests import helpers
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+# An epoch is 22 steps: evaluations at step 22 and at the end, a train record every 4 steps.
+SHORT = ["train.max_steps=24", "log.every_steps=4"]
+SPAWN_2 = [sys.executable, "-m", "engine.train", "--spawn", "2"]
+STAMP = ".venv/.installed-lock"  # the Makefile's venv stamp; -o: never rebuild it from here
+REQUEST_VARS = ("RECIPE", "CONFIG", "ARGS", "SEEDS", "DRY_RUN", "GPUS", "PROCS", "NODES", "RUNS")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in helpers.engine_env().items() if k not in REQUEST_VARS}
+    return env | {"MAKEFLAGS": "", "MAKELEVEL": ""} | extra
+
+
+def launch(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch", *args],
+        cwd=ROOT,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """The run directories every test here reads (made once: each run costs seconds)."""
+    root = tmp_path_factory.mktemp("runs")
+    done = launch("sweep", "--gpus", "0", "--seeds", "3", "--", *helpers.QUIET,
+                  f"run.root={root}", "run.name=sw", *SHORT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = helpers.run_engine(root, "resumed", *SHORT, "optim.lr=0.2", "train.stop_at_step=8")
+    assert "stopped at step 8" in first.stderr
+    # A copy of the run as it stood then: no evaluation yet and no summary.json.
+    shutil.copytree(helpers.run_dir(root, "resumed"), helpers.run_dir(root, "stopped"))
+    second = helpers.run_engine(root, "resumed", *SHORT, "optim.lr=0.2")
+    assert "resuming from" in second.stderr
+    helpers.run_engine(root, "two", *SHORT, prefix=SPAWN_2)
+    return root
+
+
+def summary(root: Path, name: str) -> dict:
+    return json.loads((helpers.run_dir(root, name) / "summary.json").read_text())
+
+
+def table(markdown: str) -> dict[str, dict[str, str]]:
+    """The Markdown table as {run: {column: cell}}."""
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    head = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+    return {row[0]: dict(zip(head, row, strict=True)) for row in rows}
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        image.load()  # decodes every pixel: a truncated file fails here
+        assert image.format == "PNG"
+        return image.size
+
+
+def run_report(*args: str, capsys) -> tuple[int, str, str]:
+    code = cli.main(["report", *args], env={})
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------- the report of several runs
+
+
+def test_make_report_of_a_sweep_seed_a_resumed_run_and_a_2_process_run(root):
+    names = ["sw-seed0", "resumed", "two"]
+    paths = " ".join(str(helpers.run_dir(root, n)) for n in names)
+    make = ["make", "-s", "-o", STAMP, "report", f"RUNS={paths}"]
+    done = subprocess.run(make, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    png, md = map(Path, done.stdout.split())
+    assert png.parent == md.parent == root / "digits"  # beside the runs
+    assert png.name == "report-resumed+sw-seed0+two.png" and md.suffix == ".md"
+    assert image_size(png) == charts.RUNS_PX
+    rows = table(md.read_text())
+    assert list(rows) == names
+    for name in names:
+        for key, value in summary(root, name).items():
+            if key not in report.OWN_COLUMNS:
+                assert rows[name][key] == json.dumps(value), (name, key)
+        env = json.loads((helpers.run_dir(root, name) / "env.json").read_text())
+        assert rows[name]["git"].startswith(env["git_sha"][:12])
+        assert rows[name]["status"] == "finished"
+    assert rows["two"]["world size"] == "2" and rows["resumed"]["world size"] == "1"
+    assert rows["resumed"]["differs"] == "optim.lr=0.2 world_size=1"
+    assert rows["two"]["differs"] == "optim.lr=0.1 world_size=2"
+    assert "run.name" not in md.read_text() and "run.root" not in md.read_text()
+    assert f"]({png.name})" in md.read_text()  # the Markdown shows the chart
+
+
+def test_the_legend_names_each_run_by_what_differs(root):
+    found = report.read_runs([str(helpers.run_dir(root, n)) for n in ("sw-seed1", "resumed")])
+    assert report.labels(found) == ["sw-seed1: optim.lr=0.1 seed=1", "resumed: optim.lr=0.2 seed=0"]
+
+
+def test_the_resumed_run_reads_each_step_once_with_the_latest_record(root, tmp_path):
+    run = runs.read_run(str(helpers.run_dir(root, "resumed")))
+    steps = [r["step"] for r in run.metrics.train]
+    assert steps == list(range(4, 25, 4))  # both processes' records, none lost
+    # Records written twice for the steps after a checkpoint (a resumed run may leave them):
+    # the later one counts.
+    copy = shutil.copytree(helpers.run_dir(root, "resumed"), tmp_path / "resumed")
+    lines = (copy / "metrics.jsonl").read_text().splitlines()
+    again = [json.loads(line) | {"loss": 100.0 + i} for i, line in enumerate(lines[-3:])]
+    with (copy / "metrics.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in again)
+    metrics = runs.read_metrics(copy / "metrics.jsonl")
+    for kind in ("train", "eval"):
+        steps = [r["step"] for r in getattr(metrics, kind)]
+        assert steps == sorted(set(steps)) and steps == sorted(
+            {r["step"] for r in map(json.loads, lines) if r["kind"] == kind}
+        )
+    by_step = {(r["kind"], r["step"]): r for r in metrics.train + metrics.eval}
+    for record in again:
+        assert by_step[record["kind"], record["step"]]["loss"] == record["loss"]
+
+
+def test_a_stopped_run_without_evaluation_is_reported_as_far_as_it_went(root, capsys):
+    paths = [str(helpers.run_dir(root, name)) for name in ("stopped", "sw-seed2")]
+    code, out, err = run_report(*paths, capsys=capsys)
+    assert code == 0, err
+    png, md = map(Path, out.split())
+    assert image_size(png) == charts.RUNS_PX
+    rows = table(md.read_text())
+    assert rows["stopped"]["status"] == "no summary.json yet, at step 8 (running or stopped)"
+    assert rows["stopped"]["top1"] == "–" and rows["stopped"]["world size"] == "1"
+    assert rows["sw-seed2"]["top1"] == json.dumps(summary(root, "sw-seed2")["top1"])
+    assert rows["stopped"]["differs"] == "optim.lr=0.2 seed=0"
+
+
+# ---------------------------------------------------------------- paths that are not runs
+
+
+def test_a_bad_path_and_an_empty_directory_are_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    cases = {
+        str(tmp_path / "nope"): "no such directory",
+        str(tmp_path / "empty"): "is an empty directory, not a run",
+        str(ROOT / "recipes" / "digits"): "is not a run directory (it has no metrics.jsonl)",
+    }
+    for path, message in cases.items():
+        code, out, err = run_report(path, capsys=capsys)
+        assert code == 2 and out == "", err
+        assert err.count("\n") == 1 and err.startswith(f"launch: {path}") and message in err
+    assert os.listdir(tmp_path) == ["empty"]  # nothing written
+
+
+def test_a_folder_of_runs_says_to_name_the_runs(root, capsys):
+    code, _, err = run_report(str(root / "digits"), capsys=capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "holds runs, not a run's files; name the runs: RUNS=" in err
+
+
+def test_a_torn_last_metrics_line_is_skipped_and_said(root, tmp_path, capsys):
+    copy = shutil.copytree(helpers.run_dir(root, "sw-seed1"), tmp_path / "torn")
+    data = (copy / "metrics.jsonl").read_bytes()
+    whole, last = data[:-1].rsplit(b"\n", 1)  # a killed writer leaves part of its last line
+    (copy / "metrics.jsonl").write_bytes(whole + b"\n" + last[: len(last) // 2])
+    number = whole.count(b"\n") + 2
+    code, out, err = run_report(str(copy), capsys=capsys)
+    assert code == 0
+    said = f"{copy / 'metrics.jsonl'}: line {number} skipped, torn (written only in part)"
+    assert err == f"launch: warning: {said}\n"
+    png, md = map(Path, out.split())
+    assert f"- {said}" in md.read_text() and image_size(png) == charts.RUNS_PX
+    kept = runs.read_metrics(copy / "metrics.jsonl")
+    assert len(kept.train) + len(kept.eval) == number - 1
+
+
+# ---------------------------------------------------------------- the sweep's chart
+
+
+def test_the_sweep_report_embeds_its_chart_and_its_mean_and_std_match_the_seeds(root):
+    folder = root / "digits" / "sw-sweep"
+    text = (folder / "report.md").read_text()
+    assert "](chart.png)" in text and json.loads((folder / "report.json").read_text())["chart"]
+    assert image_size(folder / "chart.png") == charts.SWEEP_PX
+    seeds = [summary(root, f"sw-seed{i}") for i in range(3)]
+    mean_row = next(line for line in text.splitlines() if line.startswith("| mean ± std"))
+    for key in ("top1", "top5", "eval_loss"):
+        values = [s[key] for s in seeds]
+        mean, std = sweep.fmt(statistics.fmean(values)), sweep.fmt(statistics.stdev(values))
+        assert f"| {mean} ± {std} |" in mean_row, key
+
+
+def test_the_sweep_chart_draws_the_seeds_mean_and_std(root):
+    dirs = {i: helpers.run_dir(root, f"sw-seed{i}") for i in range(3)}
+    data = sweep.sweep_chart(dirs, sweep.read_summaries(dirs))
+    losses = [{r["step"]: r["loss"] for r in helpers.records(root, f"sw-seed{i}", "train")}
+              for i in range(3)]  # fmt: skip
+    assert data.loss.steps == sorted(losses[0]) and len(data.loss.steps) == 6
+    for step, mean, std in zip(data.loss.steps, data.loss.mean, data.loss.std, strict=True):
+        assert mean == pytest.approx(statistics.fmean(loss[step] for loss in losses))
+        assert std == pytest.approx(statistics.stdev(loss[step] for loss in losses))
+    finals = {i: summary(root, f"sw-seed{i}")["top1"] for i in range(3)}
+    assert data.finals == finals and data.metric.steps == [22, 24]
+    assert data.mean == pytest.approx(statistics.fmean(finals.values()))
+    assert data.metric.mean[-1] == pytest.approx(data.mean)  # the last evaluation is the final
