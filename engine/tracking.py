@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from engine.checkpoint import atomic_write_text
 from engine.config import ConfigError, LogConfig
 
 PROVENANCE_VARS = (
@@ -218,6 +219,14 @@ def environment(world_size: int, hosts: list[str], device: torch.device) -> dict
 # ---------------------------------------------------------------- the tracker
 
 
+def _record(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 class Tracker:
     """Rank 0's writer. Other ranks use NullTracker."""
 
@@ -231,15 +240,19 @@ class Tracker:
             self.wandb = self._start_wandb(cfg, mode, redact(config))
 
     def _truncate_after(self, step: int) -> None:
-        """A resumed run repeats the steps after its checkpoint: drop their old records."""
+        """A resumed run repeats the steps after its checkpoint: drop their old records, and
+        a line torn by a kill mid-write (said once). Replaced whole, so a crash here loses
+        nothing."""
         if not self.metrics_path.exists():
             return
-        kept = [
-            line
-            for line in self.metrics_path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        self.metrics_path.write_text("".join(kept))
+        kept = []
+        for number, line in enumerate(self.metrics_path.read_text().splitlines(), 1):
+            record = _record(line)
+            if record is None and line.strip():
+                log(f"warning: {self.metrics_path}: line {number} dropped, torn (written in part)")
+            elif record is not None and record.get("step", 0) <= step:
+                kept.append(line + "\n")
+        atomic_write_text(self.metrics_path, "".join(kept))
 
     def _start_wandb(self, cfg: LogConfig, mode: str, config: dict):
         """The W&B run; offline when online fails under `auto`; None (with a warning) when

@@ -104,6 +104,20 @@ def test_a_tampered_newest_checkpoint_is_skipped_and_the_run_resumes_bitwise(roo
     assert ckpt.list_checkpoints(folder)[0].name == "step-00000012.pt"
 
 
+def test_a_torn_metrics_line_is_dropped_on_resume(root, reference):
+    """A kill mid-write of metrics.jsonl leaves half a line; the resume says so, drops it and
+    the steps after the checkpoint, and trains on to the same weights."""
+    run_engine(root, "torn", *SHORT, "train.stop_at_step=6", "log.every_steps=1")
+    metrics = run_dir(root, "torn") / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"kind": "train", "step": 7, "lo')
+    out = run_engine(root, "torn", *SHORT, "log.every_steps=1")
+    assert "metrics.jsonl: line 7 dropped, torn" in out.stderr, out.stderr[-2000:]
+    steps = [r["step"] for r in records(root, "torn", "train")]
+    assert steps == list(range(1, 13))  # each step once: no torn or repeated record
+    assert same_weights(final_weights(root, "torn"), reference)
+
+
 # ---------------------------------------------------------------- the run directory
 
 
