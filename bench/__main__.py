@@ -1,6 +1,146 @@
-"""Run every benchmark: `python -m bench` (or `make bench`)."""
+"""Every benchmark in one run: `python -m bench` (or `make bench`); `--quick` for a short
+version, `--out DIR` for where results.json and chart.png go (default runs/bench/<time>/).
 
-from bench import train_throughput
+Each benchmark reports ratios against a baseline measured in the same run (higher is better);
+the table gives each with its target and PASS or below. A benchmark that fails is reported
+in one line and the others still run; the exit code is then 1. Ratios below their targets
+are findings, not failures: the exit code stays 0."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench import chart
+
+BENCHMARKS = ("decode", "overhead", "end_to_end", "startup")  # decode: when it exists
+REPO = Path(__file__).resolve().parent.parent
+VERSIONS = ("torch", "torchvision", "numpy", "pillow", "matplotlib")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer and shorter segments")
+    parser.add_argument("--out", type=Path, help="output folder (default runs/bench/<time>/)")
+    # Smaller still than --quick, for the test that runs every benchmark: not a measurement.
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def available() -> list[str]:
+    return [name for name in BENCHMARKS if importlib.util.find_spec(f"bench.{name}")]
+
+
+def call(name: str, quick: bool, smoke: bool) -> list[dict]:
+    """The benchmark's run(); smoke where it offers it, else its quick version."""
+    run = importlib.import_module(f"bench.{name}").run
+    if smoke and "smoke" in inspect.signature(run).parameters:
+        return run(quick=True, smoke=True)
+    return run(quick=quick or smoke)
+
+
+def run_all(quick: bool, smoke: bool) -> tuple[list[dict], dict[str, float], list[dict]]:
+    """(results, seconds per benchmark, errors)."""
+    results, seconds, errors = [], {}, []
+    for name in available():
+        print(f"running {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            rows = call(name, quick, smoke)
+        except Exception as err:  # one benchmark's failure must not lose the others' results
+            line = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            errors.append({"benchmark": name, "error": f"{type(err).__name__}: {line}"})
+            print(f"error: {name}: {errors[-1]['error']}", file=sys.stderr, flush=True)
+            continue
+        seconds[name] = round(time.perf_counter() - started, 1)
+        results += [{"benchmark": name} | row for row in rows]
+        print(f"  {name}: {len(rows)} results in {seconds[name]:.0f} s", flush=True)
+    return results, seconds, errors
+
+
+def git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def metadata(quick: bool, smoke: bool) -> dict:
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "versions": {name: importlib.metadata.version(name) for name in VERSIONS},
+        "torch_runtime": torch.__version__,
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_dirty": None if dirty is None else bool(dirty),
+        "quick": quick,
+        "smoke": smoke,
+        "load_average_start": os.getloadavg(),
+    }
+
+
+def status(row: dict) -> str:
+    if row["target"] is None:
+        return "-"
+    return "PASS" if row["ratio"] >= row["target"] else "below"
+
+
+def table(results: list[dict]) -> str:
+    width = max([len(r["name"]) for r in results] + [9])
+    head = f"{'benchmark':<{width}}  {'measured':>10}  {'baseline':>10}  {'unit':<14}  "
+    lines = [head + f"{'ratio':>6}  {'target':>7}  status"]
+    for r in results:
+        baseline = "-" if r["baseline"] is None else f"{r['baseline']:.4g}"
+        target = "-" if r["target"] is None else f">={r['target']:g}"
+        lines.append(
+            f"{r['name']:<{width}}  {r['measured']:>10.4g}  {baseline:>10}  {r['unit']:<14}  "
+            f"{r['ratio']:>6.3f}  {target:>7}  {status(r)}"
+        )
+    return "\n".join(lines + [""] + [f"- {r['name']}: {r['note']}" for r in results])
+
+
+def write(out: Path, report: dict) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results_path.write_text(json.dumps(report, indent=2) + "\n")
+    title = (
+        f"make bench{' --quick' if report['quick'] else ''}: {report['date']}, {report['host']}, "
+        f"{report['cpu_count']} CPUs, {report['threads']} threads, torch {report['torch_runtime']}"
+    )
+    return results_path, chart.draw(report["results"], out / "chart.png", title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S"))
+    report = metadata(args.quick, args.smoke)
+    started = time.perf_counter()
+    results, seconds, errors = run_all(args.quick, args.smoke)
+    report |= {"seconds": round(time.perf_counter() - started, 1), "seconds_each": seconds}
+    report |= {"load_average_end": os.getloadavg(), "results": results, "errors": errors}
+    print("\n" + table(results))
+    results_path, chart_path = write(out, report)
+    print(f"\nresults: {results_path}\nchart:   {chart_path}")
+    return 1 if errors else 0
+
 
 if __name__ == "__main__":
-    train_throughput.main()
+    sys.exit(main())

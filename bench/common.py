@@ -1,0 +1,127 @@
+"""Pieces the benchmarks share: the result record, paired medians, an engine run in a
+temporary folder, a clock the engine's loop drives, and a bare twin of the engine's model
+and optimizer for the hand-written baselines."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from engine import distributed as D
+from engine.recipe import Recipe
+from engine.train import Run, load_config, setup, train_epoch
+
+
+def result(
+    name: str,
+    measured: float,
+    baseline: float | None,
+    ratio: float,
+    target: float | None,
+    unit: str,
+    note: str,
+) -> dict:
+    """One row of the report; ratio reads "higher is better", target is its threshold."""
+    return {
+        "name": name,
+        "measured": measured,
+        "baseline": baseline,
+        "ratio": ratio,
+        "target": target,
+        "unit": unit,
+        "note": note,
+    }
+
+
+def paired_ratio(measured: list[float], baseline: list[float]) -> float:
+    """Median of the ratios of segments measured side by side: a burst of load on a shared
+    machine spoils one pair, not the result, which a ratio of means would not survive."""
+    return statistics.median(m / b for m, b in zip(measured, baseline, strict=True))
+
+
+@contextlib.contextmanager
+def engine_run(recipe: str, overrides: list[str]) -> Iterator[tuple[Run, Recipe]]:
+    """The engine's Run (and the recipe) for one process on the CPU, set up as `make train`
+    sets it up, its run directory in a temporary folder that is removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as root:
+        fixed = ["log.wandb=off", "log.progress=off", f"run.root={root}", "run.name=bench"]
+        cfg, rec = load_config(recipe, [*fixed, "device=cpu", *overrides])
+        run = setup(cfg, rec, D.DistEnv(), torch.device("cpu"))
+        try:
+            yield run, rec
+        finally:
+            run.tracker.close()
+            if run.lock_fd is not None:
+                os.close(run.lock_fd)
+            del run
+            gc.collect()  # ends the loader's persistent workers before the folder goes
+
+
+class StepClock:
+    """Stands in for the engine's progress display, which the loop calls after every
+    optimizer step: the time of each step is read there, and nothing is added to the loop."""
+
+    def __init__(self):
+        self.times = [time.perf_counter()]
+        self.records: list[dict] = []
+
+    def update(self, step: int, record: dict | None) -> None:
+        self.times.append(time.perf_counter())
+        if record:
+            self.records.append(record)
+
+    def message(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def engine_epoch(run: Run) -> StepClock:
+    """One whole epoch through the engine's own loop (train_epoch); the clock holds its
+    step times and metric records."""
+    clock = StepClock()
+    run.state.position = 0
+    train_epoch(run, clock)
+    run.state.epoch += 1
+    return clock
+
+
+def memory_format_of(model: nn.Module) -> torch.memory_format:
+    """The layout of the model's convolution weights (the engine picks it): a 4-d weight with
+    several input channels and a kernel wider than 1x1 tells channels_last from NCHW."""
+    for p in model.parameters():
+        if p.ndim == 4 and p.shape[1] > 1 and p.shape[2] * p.shape[3] > 1:
+            return torch.contiguous_format if p.is_contiguous() else torch.channels_last
+    return torch.contiguous_format
+
+
+def twin_optimizer(run: Run, model: nn.Module) -> torch.optim.Optimizer:
+    """The engine's optimizer, same class, parameter groups, hyperparameters and fused or
+    foreach implementation, on `model` (a second instance of the same architecture)."""
+    twin = dict(zip((id(p) for p in run.bare.parameters()), model.parameters(), strict=True))
+    groups = []
+    for group in run.optimizer.param_groups:
+        settings = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
+        settings["lr"] = group.get("initial_lr", group["lr"])
+        groups.append(settings | {"params": [twin[id(p)] for p in group["params"]]})
+    return type(run.optimizer)(groups, **run.optimizer.defaults)
+
+
+def twin_model(run: Run, recipe: Recipe) -> nn.Module:
+    """A second instance of the engine's model (same config), in the engine's layout."""
+    model = recipe.build_model(run.cfg.model)
+    return model.to(memory_format=memory_format_of(run.bare)).train()
+
+
+def twin_schedule(run: Run, optimizer: torch.optim.Optimizer):
+    """The engine's learning-rate schedule (the same function of the step) on `optimizer`."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, run.scheduler.lr_lambdas[0])
