@@ -46,7 +46,8 @@ def draw(rows: list[dict], path: Path, title: str) -> Path:
     ys = range(len(rows))
     ax.barh(ys, [r["ratio"] for r in rows], color=[colour(r) for r in rows], height=0.6)
     for y, row in zip(ys, rows, strict=True):
-        ax.text(row["ratio"], y, f" {row['ratio']:.2f}", va="center", fontsize=9)
+        right = max(row["ratio"], row["target"] or 0) * 1.02  # clear of the target tick
+        ax.text(right, y, f" {row['ratio']:.2f}", va="center", fontsize=9)
         if row["target"] is not None:
             ax.vlines(row["target"], y - 0.4, y + 0.4, colors="black", linewidth=3)
     ax.plot([], [], color="black", linewidth=3, label="target")  # one legend entry for all
