@@ -3,8 +3,9 @@ version, `--out DIR` for where results.json and chart.png go (default runs/bench
 
 Each benchmark reports ratios against a baseline measured in the same run (higher is better);
 the table gives each with its target and PASS or below. A benchmark that fails is reported
-in one line and the others still run; the exit code is then 1. Ratios below their targets
-are findings, not failures: the exit code stays 0."""
+in one line and the others still run; the exit code is then 1 (2: a bad request, such as an
+--out folder that cannot be made). Ratios below their targets are findings, not failures:
+the exit code stays 0."""
 
 from __future__ import annotations
 
@@ -118,7 +119,6 @@ def table(results: list[dict]) -> str:
 
 
 def write(out: Path, report: dict) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results_path.write_text(json.dumps(report, indent=2) + "\n")
     title = (
@@ -131,6 +131,11 @@ def write(out: Path, report: dict) -> tuple[Path, Path]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out or Path("runs", "bench", time.strftime("%Y%m%d-%H%M%S"))
+    try:  # made now: a place that cannot hold the report fails before minutes of measuring
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"error: cannot write the report to {out}: {err.strerror or err}", file=sys.stderr)
+        return 2
     report = metadata(args.quick, args.smoke)
     started = time.perf_counter()
     results, seconds, errors = run_all(args.quick, args.smoke)

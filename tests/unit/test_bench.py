@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from bench import chart
-from bench.__main__ import parse_args, status, table
+from bench.__main__ import main, parse_args, status, table
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_NAMES = {
@@ -125,3 +125,13 @@ def test_unknown_option_is_refused(capsys):
         parse_args(["--fast"])
     assert stop.value.code == 2
     assert "unrecognized arguments: --fast" in capsys.readouterr().err
+
+
+def test_an_output_path_under_a_file_fails_before_measuring(tmp_path, capsys):
+    taken = tmp_path / "results"
+    taken.write_text("not a folder")
+    assert main(["--out", str(taken / "run")]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"error: cannot write the report to {taken / 'run'}: ")
+    assert err.count("\n") == 1
+    assert "running" not in out  # no benchmark started
