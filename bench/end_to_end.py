@@ -9,7 +9,8 @@ recipe's loader: decode, RandomResizedCrop and flip in 2 persistent worker proce
 prefetch 4. The folder (bench/jpegs.py) holds exactly one epoch of training images, so an
 epoch ends with the loader drained and no worker decodes ahead while the bare model is timed.
 The first steps of every epoch are warm-up and excluded (the workers' start in the first
-epoch, the pipeline refilling after an epoch boundary).
+epoch, the pipeline refilling after an epoch boundary). Epochs are short and several, so
+that a burst of load from elsewhere spoils one pair rather than the median.
 
 Bare: segments of a few steps before, between and after the engine epochs; each engine epoch
 is compared with the mean of the bare segments either side of it, and the ratio is the median
@@ -48,8 +49,8 @@ class Sizes:
     probe_steps: int  # steps per layout when choosing NCHW or channels_last
 
 
-FULL = Sizes(px=224, warmup=3, measured=10, epochs=3, bare_steps=3, probe_steps=3)
-QUICK = Sizes(px=224, warmup=2, measured=4, epochs=1, bare_steps=2, probe_steps=2)
+FULL = Sizes(px=224, warmup=2, measured=6, epochs=5, bare_steps=2, probe_steps=3)
+QUICK = Sizes(px=224, warmup=2, measured=3, epochs=2, bare_steps=1, probe_steps=2)
 SMOKE = Sizes(px=64, warmup=1, measured=2, epochs=1, bare_steps=1, probe_steps=1)
 
 
