@@ -35,6 +35,12 @@ fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 "$python" -m bench.gpu ${extra[@]+"${extra[@]}"} "$@" || status=$?
+# The tests that need a CUDA device (marker gpu; deselected elsewhere), when pytest is there.
+if [ -z "${GPU_BENCH_SMOKE:-}" ] && "$python" -c "import pytest, torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    (cd "$repo" && timeout 120 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_decode.py) \
+        >"${out%.json}-tests.txt" 2>&1 || status=1
+    echo "gpu.sh: GPU tests: $(tail -n 1 "${out%.json}-tests.txt")"
+fi
 if [ -f "$out" ]; then
     echo "gpu.sh: results in $out"
 else

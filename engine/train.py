@@ -96,6 +96,7 @@ class Run:
     flops_per_sample: float = 0.0  # training FLOPs (forward + backward); 0: unknown
     peak_flops: float = 0.0  # of all devices together; 0: unknown (no MFU)
     warned_data_wait: bool = False
+    trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
 
 
 # ---------------------------------------------------------------- configuration
@@ -281,6 +282,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         lock_fd=lock_fd,
         first_bad_step=torch.zeros((), dtype=torch.long, device=device),
         memory_format=layout,
+        trainable=[p for p in model.parameters() if p.requires_grad],
         flops_per_sample=flops_per_sample(recipe, cfg),
         peak_flops=peak_flops(cfg.log.peak_tflops, device) * denv.world_size,
     )
@@ -531,10 +533,11 @@ def gradient_norm(run: Run) -> torch.Tensor:
     """The total norm of the (unscaled, all-reduced) gradients, clipped when configured."""
     if run.scaler.is_enabled():
         run.scaler.unscale_(run.optimizer)
-    params = [p for p in run.bare.parameters() if p.grad is not None]
+    params = [p for p in run.trainable if p.grad is not None]
+    # foreach: one batched norm kernel (by default CPU tensors get one norm call each)
     if run.cfg.train.grad_clip > 0:
-        return nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip).detach()
-    return nn.utils.get_total_norm([p.grad for p in params]).detach()
+        return nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip, foreach=True).detach()
+    return nn.utils.get_total_norm([p.grad for p in params], foreach=True).detach()
 
 
 def apply_step(run: Run, norm: torch.Tensor) -> bool:

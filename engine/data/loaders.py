@@ -43,10 +43,7 @@ class SeededSamples(Dataset):
         seed_sample(sample_seed, self.python_numpy)
         return self.dataset[index]
 
-    def _load(self, key: tuple[int, int, int]) -> Sample:
-        index, sample_seed, epoch = key
-        if hasattr(self.dataset, "set_epoch"):  # e.g. progressive resizing
-            self.dataset.set_epoch(epoch)
+    def _load(self, index: int, sample_seed: int) -> Sample:
         try:
             return Sample(*self._read(index, sample_seed), index, 0)
         except BadSample as bad:
@@ -79,12 +76,18 @@ class SeededSamples(Dataset):
         """A whole micro batch at once (the DataLoader calls this when it exists), so the
         caller's RNG state is saved and restored once per batch, not once per sample."""
         if torch.utils.data.get_worker_info() is not None:
-            return [self._load(key) for key in keys]
+            return self._load_batch(keys)
         saved = torch.default_generator.get_state()
         try:
-            return [self._load(key) for key in keys]
+            return self._load_batch(keys)
         finally:
             torch.default_generator.set_state(saved)
+
+    def _load_batch(self, keys: list[tuple[int, int, int]]) -> list[Sample]:
+        set_epoch = getattr(self.dataset, "set_epoch", None)  # e.g. progressive resizing
+        if set_epoch is not None:
+            set_epoch(keys[0][2])  # the keys of a batch share their epoch
+        return [self._load(index, sample_seed) for index, sample_seed, _ in keys]
 
 
 def collate(samples: list[Sample]) -> Sample:

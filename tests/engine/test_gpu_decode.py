@@ -183,7 +183,7 @@ def blurred(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.avg_pool2d(x.float(), 4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs a CUDA device")
+@pytest.mark.gpu  # nvJPEG needs a CUDA device
 def test_on_cuda_the_batch_is_pinned_decoded_by_nvjpeg_and_close_to_cpu_decode(tmp_path):
     root = write_jpeg_folder(tmp_path / "photos", classes=2, train_per_class=8, val_per_class=1)
     cpu, gpu = datasets(root, ImageAugment(train_size=128))
