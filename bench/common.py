@@ -41,6 +41,14 @@ def result(
     }
 
 
+def print_ratios(rows: list[dict], target: float) -> None:
+    """A module's results on their own (`python -m bench.<module>`)."""
+    for row in rows:
+        print(
+            f"{row['name']}: engine/bare = {row['ratio']:.3f} (target >= {target}); {row['note']}"
+        )
+
+
 def paired_ratio(measured: list[float], baseline: list[float]) -> float:
     """Median of the ratios of segments measured side by side: a burst of load on a shared
     machine spoils one pair, not the result, which a ratio of means would not survive."""

@@ -30,7 +30,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.common import engine_epoch, engine_run, paired_ratio, result, twin_optimizer
+from bench.common import (
+    engine_epoch,
+    engine_run,
+    paired_ratio,
+    print_ratios,
+    result,
+    twin_optimizer,
+)
 from bench.jpegs import write_jpeg_folder
 
 TARGET = 0.85
@@ -162,10 +169,7 @@ def run(quick: bool = False, smoke: bool = False) -> list[dict]:
 
 
 def main() -> None:
-    for row in run():
-        print(
-            f"{row['name']}: engine/bare = {row['ratio']:.3f} (target >= {TARGET}); {row['note']}"
-        )
+    print_ratios(run(), TARGET)
 
 
 if __name__ == "__main__":

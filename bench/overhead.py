@@ -40,6 +40,7 @@ from bench.common import (
     engine_run,
     memory_format_of,
     paired_ratio,
+    print_ratios,
     result,
     twin_model,
     twin_optimizer,
@@ -160,10 +161,7 @@ def run(quick: bool = False, smoke: bool = False) -> list[dict]:
 
 
 def main() -> None:
-    for row in run():
-        print(
-            f"{row['name']}: engine/bare = {row['ratio']:.3f} (target >= {TARGET}); {row['note']}"
-        )
+    print_ratios(run(), TARGET)
 
 
 if __name__ == "__main__":

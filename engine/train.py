@@ -283,9 +283,15 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         first_bad_step=torch.zeros((), dtype=torch.long, device=device),
         memory_format=layout,
         trainable=[p for p in model.parameters() if p.requires_grad],
-        flops_per_sample=flops_per_sample(recipe, cfg),
-        peak_flops=peak_flops(cfg.log.peak_tflops, device) * denv.world_size,
+        **mfu_inputs(recipe, cfg, device, denv.world_size),
     )
+
+
+def mfu_inputs(recipe: R.Recipe, cfg: C.Config, device: torch.device, world_size: int) -> dict:
+    """The devices' peak and the FLOPs per sample; the FLOPs are counted only where a peak is
+    known (no MFU on CPU), so a run without one spends no start-up time on them."""
+    peak = peak_flops(cfg.log.peak_tflops, device) * world_size
+    return {"peak_flops": peak, "flops_per_sample": flops_per_sample(recipe, cfg) if peak else 0.0}
 
 
 def claim_run_dir(cfg: C.Config, run_dir: Path) -> int:
