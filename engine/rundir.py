@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from engine.config import ConfigError
 
 LOCK_NAME = ".lock"
 TEMP_GLOB = ".step-*.tmp"  # checkpoint.atomic_save's partial files
+PARTIAL_DIR_GLOBS = (".step-*.partial", ".step-*.old")  # checkpoint.sharded's directories
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -84,8 +86,15 @@ def move_aside(run_dir: Path) -> Path:
 
 
 def remove_partial_checkpoints(folder: Path) -> list[Path]:
-    """Temporary files of checkpoints whose writer died; safe only while holding the lock."""
-    leftovers = sorted(folder.glob(TEMP_GLOB)) if folder.is_dir() else []
+    """What writers that died left behind: atomic_save's temporary files, a sharded
+    checkpoint's `.step-<n>.partial` directory, and a replaced or pruned one moved aside
+    (`.step-<n>.old`). Safe only while holding the lock."""
+    if not folder.is_dir():
+        return []
+    leftovers = sorted(folder.glob(TEMP_GLOB))
     for path in leftovers:
         path.unlink(missing_ok=True)
-    return leftovers
+    dirs = sorted(p for glob in PARTIAL_DIR_GLOBS for p in folder.glob(glob) if p.is_dir())
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers + dirs

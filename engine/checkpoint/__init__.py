@@ -1,14 +1,18 @@
 """Checkpoints: written atomically, loaded with weights_only=True, free of wrapper prefixes.
 
-A checkpoint is one file `step-<n>.pt` holding the bare model, optimizer, scheduler and
-scaler states, the position in training (epoch, step, samples into the epoch) and every
-rank's RNG states. Only rank 0 writes."""
+A checkpoint is either one file `step-<n>.pt` holding the bare model, optimizer, scheduler
+and scaler states, the position in training (epoch, step, samples into the epoch) and every
+rank's RNG states, written by rank 0 alone; or a directory `step-<n>/` (engine.checkpoint.
+sharded) where every rank writes its shards of the model and optimizer states with
+torch.distributed.checkpoint, and rank 0 the rest as `meta.pt`. Both kinds are listed,
+pruned and checked for completeness here; engine.export turns either into a plain file."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -21,7 +25,8 @@ from torch import nn
 from engine.config import ConfigError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-NAME = re.compile(r"step-(\d+)\.pt$")
+NAME = re.compile(r"step-(\d+)\.pt$")  # a single-file checkpoint
+SHARDED_NAME = re.compile(r"^step-(\d+)$")  # a sharded checkpoint's directory
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -147,16 +152,25 @@ def checkpoint_path(folder: Path, step: int) -> Path:
     return folder / f"step-{step:08d}.pt"
 
 
+def sharded_path(folder: Path, step: int) -> Path:
+    return folder / f"step-{step:08d}"
+
+
+def _match(path: Path) -> re.Match | None:
+    return SHARDED_NAME.search(path.name) if path.is_dir() else NAME.search(path.name)
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
-    """Checkpoints in the folder, newest (highest step) first."""
+    """Checkpoints in the folder, files and directories alike, newest (highest step) first.
+    A sharded checkpoint still being written is a hidden `.step-<n>.partial`: never listed."""
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME.search(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    found = [(int(m.group(1)), p.name, p) for p in folder.iterdir() if (m := _match(p))]
+    return [p for _, _, p in sorted(found, reverse=True)]
 
 
 def step_of(path: Path) -> int:
-    return int(NAME.search(path.name).group(1))
+    return int((NAME.search(path.name) or SHARDED_NAME.search(path.name)).group(1))
 
 
 def prune(folder: Path, keep: int, written: Path) -> None:
@@ -164,24 +178,61 @@ def prune(folder: Path, keep: int, written: Path) -> None:
     higher step (unreadable ones a resumed run skipped) are left for the run to overwrite."""
     older = [p for p in list_checkpoints(folder) if step_of(p) < step_of(written)]
     for old in older[max(keep - 1, 0) :]:
-        old.unlink(missing_ok=True)
+        if old.is_dir():
+            _remove_dir(old)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def _remove_dir(path: Path) -> None:
+    """A sharded checkpoint leaves the listing at once (renamed to a hidden name that
+    rundir.remove_partial_checkpoints clears if this is interrupted), then is deleted."""
+    from engine.checkpoint import sharded
+
+    aside = sharded.old_path(path)
+    if aside.exists():
+        shutil.rmtree(aside)
+    path.rename(aside)
+    shutil.rmtree(aside)
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A file checkpoint's whole state, or a sharded checkpoint's meta dict (its model and
+    optimizer states are loaded into live objects by sharded.load)."""
     try:
+        if path.is_dir():
+            from engine.checkpoint import sharded
+
+            return sharded.read_meta(path)
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
+        if path.is_dir():
+            raise ConfigError(
+                f"checkpoint {path} is not complete (no meta.pt); check resume=<path>"
+            ) from None
         raise ConfigError(f"checkpoint {path} does not exist; check resume=<path>") from None
 
 
+def _read(path: Path) -> dict[str, Any]:
+    """What latest_valid accepts: a file that loads; a directory whose meta.pt loads and
+    whose DCP index (.metadata) reads."""
+    if not path.is_dir():
+        return torch.load(path, map_location="cpu", weights_only=True)
+    from engine.checkpoint import sharded
+
+    sharded.read_metadata(path)
+    return sharded.read_meta(path)
+
+
 def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads. A torn or corrupt newer file is skipped with a
-    warning; when checkpoints exist but none loads, training must not start from step 0 (and
-    then prune the run's own history away): that is a one-line error."""
+    """The newest checkpoint that loads. A torn or corrupt newer file (or a sharded directory
+    without a readable meta.pt or .metadata) is skipped with a warning; when checkpoints exist
+    but none loads, training must not start from step 0 (and then prune the run's own
+    history away): that is a one-line error. For a directory, the state is its meta dict."""
     failures = []
     for path in list_checkpoints(folder):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = _read(path)
         except Exception as err:  # torn by a crash, tampered, or from an incompatible version
             failures.append(f"{path.name}: {_reason(err)}")
             print(
