@@ -17,7 +17,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train recipes test test-fast submit docker-train image sif sweep report bench lint dry-run venv lock clean
+.PHONY: train recipes test test-fast submit docker-train image sif sweep report export bench lint dry-run venv lock clean
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -45,6 +45,13 @@ sweep: $(STAMP)
 # A chart and a Markdown summary of run directories, beside them: make report RUNS="runs/digits/a runs/digits/b"
 report: $(STAMP)
 	@$(PY) -m launch report
+
+# A checkpoint's weights as a plain state dict for a single-process model:
+# make export CKPT=<step-N.pt, sharded step-N/ or run dir> OUT=<file.pt|file.safetensors>
+# (EMA=1: the average of the weights; FORCE=1: replace OUT). CKPT and OUT are read from the
+# environment, never pasted into the shell line.
+export: $(STAMP)
+	@$(PY) -m engine.export "$$CKPT" "$$OUT" $(if $(EMA),--ema) $(if $(FORCE),--force)
 
 docker-train: $(STAMP)
 	@$(PY) -m launch docker-train
