@@ -38,6 +38,22 @@ TINY = {  # each recipe's overrides for a seconds-long CPU run; a new recipe mus
         "sched.warmup_steps=1",
     ],
     "imagenet": lambda data: [f"data.root={write_image_folder(data / 'imagenet')}", *TINY_IMAGES],
+    "gpt": lambda data: [
+        "model.n_layer=1",
+        "model.d_model=32",
+        "model.n_head=2",
+        "model.context=16",
+        "data.block_size=16",
+        "data.eval_fraction=0.01",
+        "train.batch_size=4",
+        "train.micro_batch_size=null",
+        "train.amp=off",
+        "train.compile=off",
+        "dist.strategy=auto",
+        "eval.batch_size=64",
+        "sched.warmup_steps=1",
+        "loader.num_workers=0",
+    ],
 }
 
 
