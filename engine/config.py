@@ -113,6 +113,10 @@ class TrainConfig:
     # Non-finite gradients (without fp16, whose scaler skips such steps itself): stop before
     # the next checkpoint, naming the step, or skip the step and count it.
     nan_policy: Literal["stop", "skip"] = "stop"
+    # Recompute each block's activations in the backward pass instead of keeping them (the
+    # recipe's blocks, e.g. transformer layers): less memory, about a third more compute,
+    # the same gradients.
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -208,13 +212,22 @@ class LogConfig:
 
 @dataclass
 class DistConfig:
-    strategy: Literal["auto", "ddp", "dp", "none"] = "auto"
+    # auto: ddp with several processes, none with one. fsdp: FSDP2 shards parameters,
+    # gradients and optimizer states over the processes (ZeRO-3), per block of the recipe.
+    strategy: Literal["auto", "ddp", "dp", "fsdp", "none"] = "auto"
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     init_method: str = "env://"  # or tcp://host:port, file:///shared/path
     timeout_s: float = bounded(600.0, gt=0)
     sync_bn: bool = False
     find_unused_parameters: bool = False
     static_graph: bool = True
+    # fsdp: free the gathered parameters after each block's forward (ZeRO-3) or keep them
+    # until its backward (more memory, one all-gather less per step: ZeRO-2-like).
+    fsdp_reshard_after_forward: bool = True
+    # fsdp with bf16/fp16 amp: reduce gradients in fp32 (exact sums) or in the compute dtype.
+    fsdp_reduce_fp32: bool = True
+    # fsdp: keep the sharded parameters, gradients and optimizer states in CPU memory.
+    cpu_offload: bool = False
 
 
 @dataclass

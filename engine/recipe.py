@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from engine.config import ConfigError
+from engine.tasks import Classification
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 REPO = RECIPES_DIR.parent
@@ -33,13 +36,27 @@ class Recipe:
     build_model: Callable[..., nn.Module]
     data_config: type
     build_datasets: Callable[..., tuple[Dataset, Dataset]]  # (train, held-out eval)
-    loss: Callable | None = None  # default: cross entropy
     # Data-dependent initialisation (model, training dataset), e.g. whitening filters from
     # the images; deterministic, so every rank computes the same weights.
     prepare: Callable[[nn.Module, Dataset], None] | None = None
     # The shape of one input sample given the data config, e.g. (3, 224, 224): the engine
     # counts the model's FLOPs per sample from it and logs MFU where the device's peak is known.
     sample_shape: Callable[..., tuple[int, ...]] | None = None
+    # What training minimises and evaluation reports (engine.tasks): classification by default.
+    task: Any = field(default_factory=Classification)
+    # The units that FSDP shards and activation checkpointing recomputes one at a time, e.g.
+    # the transformer blocks (torchtitan's per-block plan); None: the whole model is one unit.
+    blocks: Callable[[nn.Module], list[nn.Module]] | None = None
+    # init_weights(model_config, name, tensor, generator) fills the parameter or buffer `name`
+    # in place. Given, the model is built on the meta device and each tensor is initialised
+    # from a generator seeded by (seed, name): the same weights for any world size and
+    # strategy, and a model larger than one process's memory can start sharded.
+    init_weights: Callable[[Any, str, torch.Tensor, torch.Generator], None] | None = None
+    # Declared training FLOPs per sample (forward + backward) from (model config, data config),
+    # e.g. 6N + attention per token x tokens; None: counted from sample_shape.
+    flops_per_sample: Callable[[Any, Any], float] | None = None
+    # Units of the task (e.g. tokens) per sample from the data config: logged as <unit>_per_s.
+    units_per_sample: Callable[[Any], int] | None = None
 
 
 def available() -> list[str]:

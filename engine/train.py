@@ -6,7 +6,6 @@ preemption signal with a checkpoint saved (rerun the same command to resume)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import os
@@ -16,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
+from engine import parallel as P
 from engine import preempt, rundir
 from engine import recipe as R
 from engine.data.loaders import eval_loader, train_loader
@@ -30,9 +29,9 @@ from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.ema import build_ema, ema_state, load_ema_state, update_ema
 from engine.faults import RunError, inject_after_step, save_pause, slow_data
 from engine.optim import build_optimizer, build_scheduler
+from engine.parallel import weights
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
 from engine.speed import (
-    compile_enabled,
     flops_per_sample,
     gpu_memory_gb,
     memory_format,
@@ -68,8 +67,8 @@ class Run:
     denv: D.DistEnv
     device: torch.device
     run_dir: Path
-    model: nn.Module  # wrapped for training (DDP/DP/compiled) or bare
-    bare: nn.Module
+    model: nn.Module  # wrapped for training (DDP/DP/compiled), sharded (FSDP) or bare
+    bare: nn.Module  # the recipe's module (under FSDP: with sharded parameters)
     eval_model: nn.Module  # the bare model, compiled when training is
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -78,8 +77,7 @@ class Run:
     loader: torch.utils.data.DataLoader  # built once, so persistent workers persist
     train_data: torch.utils.data.Dataset
     eval_data: torch.utils.data.Dataset
-    loss_fn: object  # training loss (label smoothing, soft targets from mix)
-    eval_loss_fn: object
+    task: object  # what the loss and the evaluation metrics are (engine.tasks)
     total_steps: int
     amp_dtype: torch.dtype | None
     tracker: Tracker | NullTracker
@@ -97,6 +95,10 @@ class Run:
     peak_flops: float = 0.0  # of all devices together; 0: unknown (no MFU)
     warned_data_wait: bool = False
     trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
+    units_per_sample: int = 0  # the task's units (e.g. tokens) per sample; 0: not declared
+    sharded_checkpoints: bool = (
+        False  # torch.distributed.checkpoint directories (dist.strategy=fsdp)
+    )
 
 
 # ---------------------------------------------------------------- configuration
@@ -131,48 +133,6 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
 # ---------------------------------------------------------------- set-up
 
 
-def wrap_model(
-    model: nn.Module, cfg: C.Config, denv: D.DistEnv, device: torch.device, accum_steps: int
-) -> tuple[nn.Module, nn.Module]:
-    """(the model to train, the model to evaluate). Compiled: DDP is wrapped first, so that
-    dynamo's DDPOptimizer splits the graph at DDP's buckets and gradients are all-reduced
-    while the backward pass runs. Evaluation compiles the bare model (no DDP in its graph)
-    for static shapes: one graph at the eval batch size (predict pads the last batch)."""
-    compiled = compile_enabled(cfg.train.compile, device)
-    strategy = parallel_strategy(cfg.dist.strategy, denv)
-    eval_model = torch.compile(model, dynamic=False) if compiled else model
-    if strategy == "dp":  # DataParallel replicates per call, which dynamo cannot trace
-        return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
-    wrapped = ddp_wrap(model, cfg.dist, device, accum_steps) if strategy == "ddp" else model
-    return (torch.compile(wrapped) if compiled else wrapped), eval_model
-
-
-def parallel_strategy(strategy: str, denv: D.DistEnv) -> str:
-    if strategy == "auto":
-        strategy = "ddp" if denv.distributed else "none"
-    if strategy == "dp" and denv.distributed:
-        raise C.ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
-    if strategy == "none" and denv.distributed:
-        raise C.ConfigError("dist.strategy=none with several processes; use ddp")
-    return strategy
-
-
-def ddp_wrap(model: nn.Module, dcfg: C.DistConfig, device: torch.device, accum_steps: int):
-    if dcfg.sync_bn:
-        if device.type != "cuda":
-            raise C.ConfigError("dist.sync_bn needs CUDA devices (no CPU kernel); unset it")
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        gradient_as_bucket_view=True,
-        # A static graph and no_sync() break each other (DDP's expect_autograd_hooks_
-        # assert at the first accumulated step), so accumulation runs without it.
-        static_graph=dcfg.static_graph and not dcfg.find_unused_parameters and accum_steps == 1,
-        find_unused_parameters=dcfg.find_unused_parameters,
-    )
-
-
 def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:
     if cfg.resume == "none":
         return None
@@ -197,44 +157,33 @@ def build_datasets(cfg: C.Config, recipe: R.Recipe):
     return train_data, eval_data
 
 
-def losses(cfg: C.Config, recipe: R.Recipe):
-    """(training loss, evaluation loss): label smoothing in training only."""
-    if recipe.loss:
-        return recipe.loss, recipe.loss
-    smoothing = cfg.train.label_smoothing
-    train = functools.partial(F.cross_entropy, label_smoothing=smoothing) if smoothing else None
-    return train or F.cross_entropy, F.cross_entropy
-
-
 def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device) -> Run:
     run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
     mode = "off" if not denv.is_main else wandb_mode(cfg.log)
     plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
+    dtype = amp_dtype(cfg.train.amp, device)
+    if cfg.dist.strategy == "fsdp":
+        P.check_fsdp(cfg.dist, device, dtype, cfg.ema.decay > 0)
     seed_process(cfg.seed, denv.rank)
     train_data, eval_data = build_datasets(cfg, recipe)
-    model = recipe.build_model(cfg.model)
+    model = weights.build(recipe, cfg.model)
     sampler = GlobalBatchSampler(len(train_data), plan, denv.rank, cfg.seed)
     total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
     skip_bad = bool(getattr(cfg.data, "skip_bad", False))
 
     source = resume_source(cfg, run_dir)
-    if recipe.prepare and not source:  # a resumed run loads the prepared weights instead
-        recipe.prepare(model, train_data)
     if source:
-        ckpt.load_model_state(model, source[1]["model"], source[0])
         check_config_drift(cfg, source, denv.is_main)
-    set_backend_flags(cfg.train, cfg.deterministic)
-    layout = memory_format(model, cfg.train.channels_last)
-    model = model.to(device, memory_format=layout)
-    ema = build_ema(model, cfg.ema)
-    wrapped, eval_model = wrap_model(model, cfg, denv, device, plan.accum_steps)
+        check_format(cfg, denv, source[0])
+    model, ema, wrapped, eval_model, layout = place_model(
+        model, recipe, cfg, denv, device, plan.accum_steps, dtype, train_data, source
+    )
     optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size, device)
     scheduler = build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch)
-    dtype = amp_dtype(cfg.train.amp, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     state = State()
     if source:
-        state = restore(source, optimizer, scheduler, scaler, denv, cfg.seed)
+        state = restore(source, model, optimizer, scheduler, scaler, denv, cfg.seed)
         if ema is not None:
             if "ema" not in source[1]:
                 raise C.ConfigError(
@@ -254,7 +203,6 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
     if denv.is_main:
         env = environment(denv.world_size, hosts, device)
         ckpt.atomic_write_text(run_dir / "env.json", json.dumps(env, indent=2) + "\n")
-    train_loss, eval_loss = losses(cfg, recipe)
     return Run(
         cfg,
         denv,
@@ -270,8 +218,7 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         train_loader(train_data, sampler, cfg.loader, device, skip_bad),
         train_data,
         eval_data,
-        train_loss,
-        eval_loss,
+        recipe.task,
         total,
         dtype,
         tracker,
@@ -283,15 +230,67 @@ def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device
         first_bad_step=torch.zeros((), dtype=torch.long, device=device),
         memory_format=layout,
         trainable=[p for p in model.parameters() if p.requires_grad],
+        units_per_sample=recipe.units_per_sample(cfg.data) if recipe.units_per_sample else 0,
+        sharded_checkpoints=cfg.dist.strategy == "fsdp",
         **mfu_inputs(recipe, cfg, device, denv.world_size),
     )
 
 
+def place_model(model, recipe, cfg, denv, device, accum_steps, dtype, train_data, source):
+    """The model with its weights (prepared, initialised by name, or resumed from a single
+    file) on the device, wrapped for training: (bare, EMA, train model, eval model, layout).
+    Under FSDP a model on the meta device is sharded first and given storage after, so each
+    process only ever holds its own shard; a sharded checkpoint is loaded later, with the
+    optimizer."""
+    from_file = source is not None and not source[0].is_dir()
+    if weights.on_meta(model) and P.strategy_for(cfg.dist.strategy, denv) != "fsdp":
+        # unsharded: the whole model on every process anyway (DDP broadcasts it at wrap time)
+        weights.initialise(model, recipe, cfg.model, cfg.seed, torch.device("cpu"))
+    on_meta = weights.on_meta(model)
+    if recipe.prepare and not source and not on_meta:  # a resumed run loads prepared weights
+        recipe.prepare(model, train_data)
+    if from_file and not on_meta:
+        ckpt.load_model_state(model, source[1]["model"], source[0])
+    set_backend_flags(cfg.train, cfg.deterministic)
+    layout = memory_format(model, cfg.train.channels_last)
+    if not on_meta:
+        model = model.to(device, memory_format=layout)
+    ema = None if on_meta else build_ema(model, cfg.ema)
+    blocks = P.recipe_blocks(recipe, model, cfg)
+    wrapped, eval_model = P.wrap(model, blocks, cfg, denv, device, accum_steps, dtype)
+    if on_meta:
+        storage = torch.device("cpu") if cfg.dist.cpu_offload else device
+        weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
+        if from_file:
+            ckpt.load_model_state(model, source[1]["model"], source[0])
+        ema = build_ema(model, cfg.ema)
+    return model, ema, wrapped, eval_model, layout
+
+
+def check_format(cfg: C.Config, denv: D.DistEnv, path: Path) -> None:
+    """A single-file checkpoint holds whole tensors keyed for one model: FSDP cannot take it
+    (a sharded one loads anywhere)."""
+    if path.is_dir() or P.strategy_for(cfg.dist.strategy, denv) != "fsdp":
+        return
+    raise C.ConfigError(
+        f"checkpoint {path} is a single file (written without dist.strategy=fsdp) and cannot "
+        "be loaded sharded; resume it with the strategy that wrote it (e.g. dist.strategy=ddp)"
+    )
+
+
 def mfu_inputs(recipe: R.Recipe, cfg: C.Config, device: torch.device, world_size: int) -> dict:
-    """The devices' peak and the FLOPs per sample; the FLOPs are counted only where a peak is
-    known (no MFU on CPU), so a run without one spends no start-up time on them."""
+    """The devices' peak and the FLOPs per sample (the recipe's declared count, else counted);
+    counted only where a peak is known (no MFU on CPU), so a run without one spends no
+    start-up time on them."""
     peak = peak_flops(cfg.log.peak_tflops, device) * world_size
-    return {"peak_flops": peak, "flops_per_sample": flops_per_sample(recipe, cfg) if peak else 0.0}
+    if not peak:
+        return {"peak_flops": 0.0, "flops_per_sample": 0.0}
+    if recipe.flops_per_sample:
+        return {
+            "peak_flops": peak,
+            "flops_per_sample": recipe.flops_per_sample(cfg.model, cfg.data),
+        }
+    return {"peak_flops": peak, "flops_per_sample": flops_per_sample(recipe, cfg)}
 
 
 def claim_run_dir(cfg: C.Config, run_dir: Path) -> int:
@@ -325,9 +324,14 @@ def check_config_drift(cfg: C.Config, source: tuple[Path, dict], is_main: bool) 
         log(f"resuming with changed settings that keep the run's guarantees: {', '.join(allowed)}")
 
 
-def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) -> State:
-    _, saved = source
-    optimizer.load_state_dict(saved["optimizer"])
+def restore(source, model, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) -> State:
+    path, saved = source
+    if path.is_dir():  # sharded: every rank reads the parts of the shards it now holds
+        from engine.checkpoint import sharded  # seconds to import: only where used
+
+        sharded.load(path, model, optimizer)
+    else:
+        optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     scaler.load_state_dict(saved["scaler"])
     if saved["world_size"] == denv.world_size:
@@ -348,24 +352,24 @@ def restore(source, optimizer, scheduler, scaler, denv: D.DistEnv, seed: int) ->
 
 
 def save_checkpoint(run: Run) -> None:
-    """A collective: every rank contributes its RNG state; rank 0 writes, and every rank
-    learns whether the file is complete (a failed write stops all of them, not rank 0 alone)."""
+    """A collective: every rank contributes its RNG state; rank 0 writes the single file (or
+    every rank its shard), and every rank learns whether the checkpoint is complete (a failed
+    write stops all of them, not one alone)."""
     check_finite(run)
     rngs = D.gather_objects(rng_state())
     flush_bad_count(run)
-    error = write_checkpoint(run, rngs) if run.denv.is_main else None
+    if run.sharded_checkpoints:
+        error = write_sharded_checkpoint(run, rngs)
+    else:
+        error = write_checkpoint(run, rngs) if run.denv.is_main else None
     if D.any_rank(error is not None, run.device):  # also the barrier: nobody leaves early
-        raise RunError(error or "rank 0 could not write the checkpoint (see its error)")
+        raise RunError(error or "another rank could not write the checkpoint (see its error)")
 
 
-def write_checkpoint(run: Run, rngs: list) -> str | None:
-    """Rank 0: the checkpoint file, then pruning; the error line when the disk refuses."""
+def checkpoint_meta(run: Run, rngs: list) -> dict:
+    """Everything in a checkpoint but the model and optimizer: position, schedule, RNGs."""
     st = run.state
-    folder = run.run_dir / "checkpoints"
-    path = ckpt.checkpoint_path(folder, st.step)
-    payload = {
-        "model": run.bare.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
+    return {
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
         "epoch": st.epoch,
@@ -378,20 +382,52 @@ def write_checkpoint(run: Run, rngs: list) -> str | None:
         "skipped_steps": st.skipped_steps,
         "config": redact(run.cfg.to_dict()),  # never a pasted credential
     }
+
+
+def write_checkpoint(run: Run, rngs: list) -> str | None:
+    """Rank 0: the checkpoint file, then pruning; the error line when the disk refuses."""
+    folder = run.run_dir / "checkpoints"
+    path = ckpt.checkpoint_path(folder, run.state.step)
+    payload = checkpoint_meta(run, rngs) | {
+        "model": run.bare.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+    }
     if run.ema is not None:
         payload["ema"] = ema_state(run.ema)
     try:
-        ckpt.atomic_save(payload, path, save_pause(run.cfg.fault, st.step))
+        ckpt.atomic_save(payload, path, save_pause(run.cfg.fault, run.state.step))
         ckpt.prune(folder, run.cfg.ckpt.keep, path)
     except OSError as err:
-        previous = [p.name for p in ckpt.list_checkpoints(folder) if p != path]
-        intact = f"{previous[0]} is intact" if previous else "no earlier checkpoint exists"
-        return (
-            f"could not write checkpoint {path}: {err.strerror or err}; {intact}. Free space or "
-            f"fix permissions under {run.run_dir.parent}, then rerun with "
-            f"run.name={run.cfg.run.name} to resume"
-        )
+        return write_error(run, path, err)
     return None
+
+
+def write_sharded_checkpoint(run: Run, rngs: list) -> str | None:
+    """Every rank: its shard of the model and optimizer, in a directory that is renamed into
+    place once all shards and the metadata are written; rank 0 prunes."""
+    folder = run.run_dir / "checkpoints"
+    path = ckpt.sharded_path(folder, run.state.step)
+    pause = save_pause(run.cfg.fault, run.state.step)
+    from engine.checkpoint import sharded  # seconds to import: only where used
+
+    try:
+        sharded.save(path, run.bare, run.optimizer, checkpoint_meta(run, rngs), pause)
+        if run.denv.is_main:
+            ckpt.prune(folder, run.cfg.ckpt.keep, path)
+    except OSError as err:
+        return write_error(run, path, err)
+    return None
+
+
+def write_error(run: Run, path: Path, err: OSError) -> str:
+    folder = path.parent
+    previous = [p.name for p in ckpt.list_checkpoints(folder) if p != path]
+    intact = f"{previous[0]} is intact" if previous else "no earlier checkpoint exists"
+    return (
+        f"could not write checkpoint {path}: {err.strerror or err}; {intact}. Free space or "
+        f"fix permissions under {run.run_dir.parent}, then rerun with "
+        f"run.name={run.cfg.run.name} to resume"
+    )
 
 
 def check_finite(run: Run) -> None:
@@ -433,8 +469,9 @@ def predict(run: Run, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(run: Run, model: nn.Module) -> dict:
-    """Each held-out sample exactly once across ranks; sums reduced over ranks. A file that
-    could not be read (data.skip_bad) is left out of the sums and counted as skipped."""
+    """Each held-out sample exactly once across ranks; the task's per-sample sums reduced
+    over ranks, then divided by the summed count. A file that could not be read
+    (data.skip_bad) is left out of the sums and counted as skipped."""
     device = run.device
     was_training = model.training
     model.eval()
@@ -447,30 +484,49 @@ def evaluate(run: Run, model: nn.Module) -> dict:
         device,
         run.skip_bad,
     )
-    totals = torch.zeros(5, dtype=torch.float64, device=device)  # loss top1 top5 count skipped
-    seen = []
+    names = [*run.task.metrics, "count"]
+    totals = torch.zeros(len(names) + 2, dtype=torch.float64, device=device)  # + kept, skipped
+    seen, x = [], None
     for batch in loader:
         if run.cfg.log.sample_ids:
             seen += batch.index.tolist()
         x, y = to_device(batch.x, batch.y, run, run.eval_data)
         keep = (batch.replaced == 0).to(device)
-        logits = predict(run, model, x)[: len(y)]
-        loss = run.eval_loss_fn(logits, y, reduction="none")[keep].sum()
-        k = min(5, logits.shape[-1])
-        hits = (logits.topk(k, dim=-1).indices == y[:, None])[keep]
-        kept = keep.sum()
-        totals += torch.stack([loss.double(), hits[:, 0].sum(), hits.sum(), kept, len(y) - kept])
+        sums = run.task.eval_sums(predict(run, model, x)[: len(y)], y)
+        kept = [sums[name].double()[keep].sum() for name in names]
+        totals += torch.stack([*kept, keep.sum().double(), (~keep).sum().double()])
+    if P.is_sharded(model):
+        pad_forward_passes(run, model, len(loader), x)
     D.all_reduce_sum(totals)
     if run.cfg.log.sample_ids:
         write_ids(run, {"kind": "eval", "step": run.state.step, "ids_by_rank": seen})
-    loss_sum, top1, top5, count, skipped = totals.tolist()
-    if int(count + skipped) != len(run.eval_data):
-        raise RuntimeError(f"evaluated {int(count)} samples, expected {len(run.eval_data)}")
+    *sums, count, samples, skipped = totals.tolist()
+    if int(samples + skipped) != len(run.eval_data):
+        raise RuntimeError(f"evaluated {int(samples)} samples, expected {len(run.eval_data)}")
     model.train(was_training)
-    count = max(count, 1)
-    result = {"loss": loss_sum / count, "top1": top1 / count, "top5": top5 / count}
+    result = {
+        name: value / max(count, 1) for name, value in zip(run.task.metrics, sums, strict=True)
+    }
+    result |= run.task.derived(result)
     result["count"] = int(count)
     return result | ({"skipped": int(skipped)} if run.skip_bad else {})
+
+
+def pad_forward_passes(run: Run, model: nn.Module, batches: int, x) -> None:
+    """FSDP: every forward pass gathers parameters from all ranks, so every rank must make as
+    many as the rank with the most evaluation batches; the extra ones are thrown away."""
+    most = torch.tensor([float(batches)], device=run.device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+    for _ in range(int(most.item()) - batches):
+        if x is None:  # this rank had no batch at all: any valid input will do
+            x, _ = to_device(*eval_loader_sample(run), run, run.eval_data)
+        predict(run, model, x)
+
+
+def eval_loader_sample(run: Run):
+    x, y = run.eval_data[0]
+    return x.unsqueeze(0), torch.as_tensor(y).unsqueeze(0)
 
 
 # ---------------------------------------------------------------- the loop
@@ -502,20 +558,19 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     """One optimizer step over this rank's micro batches; returns the summed loss and the
     gradient norm (both detached, on the device: reading them would sync the host)."""
     accum = len(micro_batches)
+    scale = run.denv.world_size / global_count(run, micro_batches)
+    smoothing = run.cfg.train.label_smoothing
     total = torch.zeros((), device=run.device)
     for j, batch in enumerate(micro_batches):
         x, y = to_device(batch.x, batch.y, run, run.train_data)
         if run.mix is not None:
             x, y = run.mix(x, y, run.state.epoch, micro_position(run, j))
-        last = j == accum - 1
-        sync = (
-            contextlib.nullcontext()
-            if last or not hasattr(run.model, "no_sync")
-            else run.model.no_sync()
-        )
-        with sync:
+        with P.gradient_sync(run.model, last=j == accum - 1):
             with autocast(run):
-                loss = run.loss_fn(run.model(x), y) / accum
+                # DDP and FSDP average gradients over ranks: x world size / global count
+                # makes the step's gradient that of the loss summed over the global batch
+                # divided by its count, for any world size and accumulation.
+                loss = run.task.train_loss(run.model(x), y, smoothing) * scale
             if injected_nan(run):
                 loss = loss * float("nan")
             run.scaler.scale(loss).backward()
@@ -530,6 +585,17 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     return total, norm
 
 
+def global_count(run: Run, micro_batches: list) -> float | torch.Tensor:
+    """The units the step's loss is normalised by, over all ranks and micro batches: the
+    global batch for a per-sample task (no communication), else the targets' count summed
+    over the ranks (e.g. tokens not ignored; a collective, on the device, without sync)."""
+    counts = [run.task.count(b.y) for b in micro_batches]
+    if counts[0] is None:
+        return float(run.sampler.plan.global_batch)
+    total = torch.stack(counts).sum().to(run.device, torch.float32).reshape(1)
+    return D.all_reduce_sum(total).clamp(min=1).reshape(())
+
+
 def injected_nan(run: Run) -> bool:
     fault = run.cfg.fault
     return fault.nan_at_step == run.state.step + 1 and run.denv.rank == fault.rank
@@ -542,8 +608,12 @@ def gradient_norm(run: Run) -> torch.Tensor:
     params = [p for p in run.trainable if p.grad is not None]
     # foreach: one batched norm kernel (by default CPU tensors get one norm call each)
     if run.cfg.train.grad_clip > 0:
-        return nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip, foreach=True).detach()
-    return nn.utils.get_total_norm([p.grad for p in params], foreach=True).detach()
+        norm = nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip, foreach=True)
+    else:
+        norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    if hasattr(norm, "full_tensor"):  # a DTensor (sharded gradients): the norm of all shards
+        norm = norm.full_tensor()
+    return norm.detach()
 
 
 def apply_step(run: Run, norm: torch.Tensor) -> bool:
@@ -607,9 +677,11 @@ class Meter:
 
 
 def speed_figures(run: Run, samples_per_s: float) -> dict:
-    """MFU (achieved / peak FLOP/s of all devices) where both are known; rank 0's GPU memory
-    high-water mark on CUDA."""
+    """The task's units per second where declared (tokens/s); MFU (achieved / peak FLOP/s of
+    all devices) where both are known; rank 0's GPU memory high-water mark on CUDA."""
     out = {}
+    if run.units_per_sample:  # e.g. tokens_per_s
+        out[f"{run.task.unit}_per_s"] = samples_per_s * run.units_per_sample
     if run.flops_per_sample and run.peak_flops:
         out["mfu"] = samples_per_s * run.flops_per_sample / run.peak_flops
     memory = gpu_memory_gb(run.device)
@@ -731,17 +803,20 @@ def run_eval(run: Run, progress: Progress) -> dict:
     result = evaluate(run, run.eval_model)
     if run.ema is not None:
         averaged = evaluate(run, run.ema.module)
-        result |= {f"ema_{k}": averaged[k] for k in ("loss", "top1", "top5")}
+        result |= {f"ema_{k}": averaged[k] for k in metric_names(averaged)}
     record = {"kind": "eval", "step": run.state.step, "epoch": run.state.epoch} | result
     run.tracker.write(record)
-    text = (
-        f"eval epoch {record['epoch']} step {record['step']}: loss {result['loss']:.4f} "
-        f"top1 {100 * result['top1']:.2f}% top5 {100 * result['top5']:.2f}%"
-    )
+    text = f"eval epoch {record['epoch']} step {record['step']}: {run.task.describe(result)}"
     if run.ema is not None:
-        text += f", EMA top1 {100 * result['ema_top1']:.2f}%"
+        headline = run.task.headline
+        text += f", EMA {headline} {result['ema_' + headline]:.4f}"
     progress.message(text)
     return record
+
+
+def metric_names(result: dict) -> list[str]:
+    """The metrics of an evaluation result (not its sample counts)."""
+    return [k for k in result if k not in ("count", "skipped")]
 
 
 # ---------------------------------------------------------------- entry points
@@ -822,24 +897,29 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         )
         return
     ev = st.last_eval
-    summary = {
-        "top1": ev["top1"],
-        "top5": ev["top5"],
-        "eval_loss": ev["loss"],
+    # The eval record's "loss" is "eval_loss" here (beside the training loss in W&B).
+    metrics = {("eval_loss" if k == "loss" else k): ev[k] for k in metric_names(ev)}
+    metrics = {k: v for k, v in metrics.items() if k not in ("kind", "step", "epoch")}
+    summary = metrics | {
+        "headline": summary_key(run.task.headline),
         "seconds": seconds,
         "steps": st.step,
         "epochs": st.epoch,
         "world_size": run.denv.world_size,
     }
-    summary |= {k: ev[k] for k in ("ema_top1", "ema_top5", "ema_loss") if k in ev}
     if run.skip_bad:
         summary["bad_samples"] = st.bad_samples
         log(f"skipped {st.bad_samples} unreadable training samples (data.skip_bad)")
     ckpt.atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log(
-        f"{run.cfg.recipe}: top1 {100 * ev['top1']:.2f}% top5 {100 * ev['top5']:.2f}% "
-        f"in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}"
+        f"{run.cfg.recipe}: {run.task.describe(ev)} in {seconds:.1f}s, {st.step} steps; "
+        f"run dir {run.run_dir}"
     )
+
+
+def summary_key(metric: str) -> str:
+    """An eval metric's name in summary.json."""
+    return "eval_loss" if metric == "loss" else metric
 
 
 USAGE = "usage: python -m engine.train RECIPE [--config VARIANT] [key=value ...] [--spawn N]"

@@ -169,11 +169,11 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
 
     for note in (n for run in found for n in run.metrics.notes):
         print(f"launch: warning: {printable(note)}", file=sys.stderr)
-    headline = runs.headline_metric(found[0].config)
+    headline = runs.headline_metric(found[0].summary, found[0].metrics.eval)
     title = textwrap.shorten("Runs: " + ", ".join(r.name for r in found), 160, placeholder=" ...")
     try:
         charts.draw_runs(found, labels(found), headline, png, title)
-        md.write_text(markdown(found, png.name, headline))
+        md.write_text(markdown(found, png.name, runs.summary_key(headline)))
     except OSError as err:
         raise UserError(
             f"cannot write the report in {parent} ({err.strerror}); make it writable", code=1

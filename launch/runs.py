@@ -50,10 +50,19 @@ class Run:
         return max((r["step"] for r in records), default=0)
 
 
-def headline_metric(config: dict[str, Any]) -> str:
-    """The one metric a recipe is judged by. Every recipe here classifies, so top-1; the run's
-    config is the argument so that a recipe may later declare its own."""
-    return "top1"
+def headline_metric(summary: dict[str, Any] | None, eval_records: list[dict]) -> str:
+    """The evaluation metric a run is judged by, as its eval records name it ("top1", "loss"):
+    the one its summary.json names (the recipe's task declares it); for a run still going,
+    top-1 where its evaluations record it, else the loss."""
+    named = (summary or {}).get("headline")
+    if isinstance(named, str):
+        return "loss" if named == "eval_loss" else named
+    return "top1" if any("top1" in r for r in eval_records) else "loss"
+
+
+def summary_key(metric: str) -> str:
+    """An eval record's metric as summary.json names it (the loss is "eval_loss" there)."""
+    return "eval_loss" if metric == "loss" else metric
 
 
 # ---------------------------------------------------------------- metrics.jsonl

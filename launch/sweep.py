@@ -24,7 +24,7 @@ from typing import Any
 from launch import charts, render
 from launch.errors import UserError
 from launch.render import Request
-from launch.runs import headline_metric, read_config, read_metrics
+from launch.runs import headline_metric, read_metrics, summary_key
 
 METRICS = ("top1", "top5", "eval_loss", "seconds", "steps", "world_size")
 
@@ -138,18 +138,19 @@ def _values(records: list[dict], key: str) -> dict[int, float]:
 def sweep_chart(run_dirs: Mapping[int, Path], runs: Mapping[int, tuple[str, dict]]):
     """The chart's data from the seeds' metrics.jsonl and summary.json; what could not be read
     is said on stderr and left out."""
-    first = run_dirs[min(run_dirs)]
-    headline = headline_metric(read_config(first / "config.yaml", []))
     metrics = {seed: read_metrics(folder / "metrics.jsonl") for seed, folder in run_dirs.items()}
+    first = min(run_dirs)
+    headline = headline_metric(runs[first][1] if first in runs else None, metrics[first].eval)
+    key = summary_key(headline)
     for note in (n for m in metrics.values() for n in m.notes):
         print(f"launch: warning: {note}", file=sys.stderr)
     summaries = {seed: summary for seed, (_, summary) in runs.items()}
-    stats = summarize(summaries).get(headline, {})
+    stats = summarize(summaries).get(key, {})
     return charts.Sweep(
         headline=headline,
         loss=mean_band([_values(m.train, "loss") for m in metrics.values()]),
         metric=mean_band([_values(m.eval, headline) for m in metrics.values()]),
-        finals={s: v[headline] for s, v in summaries.items() if _is_number(v.get(headline))},
+        finals={s: v[key] for s, v in summaries.items() if _is_number(v.get(key))},
         mean=stats.get("mean"),
         std=stats.get("std"),
     )

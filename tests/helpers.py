@@ -22,6 +22,19 @@ def engine_env(**extra: str) -> dict[str, str]:
     return env | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"} | extra
 
 
+def torchrun(n: int) -> list[str]:
+    """The engine under torchrun with n local processes (a standalone rendezvous)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        "-m",
+        "engine.train",
+    ]
+
+
 def run_engine(
     root: Path,
     name: str,

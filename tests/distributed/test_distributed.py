@@ -18,6 +18,7 @@ from tests.helpers import (
     run_dir,
     run_engine,
     same_weights,
+    torchrun,
 )
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -27,18 +28,6 @@ TOLERANCE = 1e-5  # float rounding from summing gradients in another order
 # Resuming on another world size also changes the batch split for the remaining 13 steps;
 # the rounding drift through SGD momentum reached 1.3e-5 on some hosts (same on older code).
 RESUME_TOLERANCE = 5e-5
-
-
-def torchrun(n: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={n}",
-        "-m",
-        "engine.train",
-    ]
 
 
 @pytest.fixture(scope="module")

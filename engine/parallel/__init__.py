@@ -1,0 +1,116 @@
+"""How one model is spread over the processes: one process (none), DataParallel (dp), DDP,
+or FSDP2 (fsdp), with activation checkpointing and compilation applied in the right order.
+
+FSDP, DTensor and activation checkpointing are imported only by runs that use them: their
+imports cost seconds of start-up."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from engine import distributed as D
+from engine.config import Config, ConfigError, DistConfig
+from engine.speed import compile_enabled
+
+
+def strategy_for(requested: str, denv: D.DistEnv) -> str:
+    """The strategy that runs. fsdp in one process has nothing to shard: it trains unsharded
+    (and still writes sharded checkpoints, so the run can go back to several processes)."""
+    if requested == "auto":
+        return "ddp" if denv.distributed else "none"
+    if requested == "dp" and denv.distributed:
+        raise ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
+    if requested == "none" and denv.distributed:
+        raise ConfigError("dist.strategy=none with several processes; use ddp")
+    if requested == "fsdp" and not denv.distributed:
+        return "none"
+    return requested
+
+
+def recipe_blocks(recipe, model: nn.Module, cfg: Config) -> list[nn.Module]:
+    """The recipe's blocks (shard units, checkpointing units), or [] when it declares none."""
+    blocks = list(recipe.blocks(model)) if recipe.blocks else []
+    if cfg.train.activation_checkpointing and not blocks:
+        raise ConfigError(
+            f"train.activation_checkpointing: recipe '{cfg.recipe}' declares no blocks to "
+            "recompute (Recipe.blocks); unset it"
+        )
+    return blocks
+
+
+def wrap(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    cfg: Config,
+    denv: D.DistEnv,
+    device: torch.device,
+    accum_steps: int,
+    amp: torch.dtype | None,
+) -> tuple[nn.Module, nn.Module]:
+    """(the model to train, the model to evaluate). Activation checkpointing first, then
+    sharding or replication, compilation last for DDP: dynamo's DDPOptimizer then splits the
+    graph at DDP's buckets so gradients are all-reduced while the backward pass runs.
+    Evaluation compiles the bare model (no DDP in its graph) for static shapes: one graph at
+    the eval batch size (the loop pads the last batch). Under FSDP each block is compiled
+    before it is sharded, and the same (sharded) model evaluates."""
+    compiled = compile_enabled(cfg.train.compile, device)
+    strategy = strategy_for(cfg.dist.strategy, denv)
+    if cfg.train.activation_checkpointing:
+        from engine.parallel.activations import checkpoint_blocks
+
+        checkpoint_blocks(blocks)
+    if strategy == "fsdp":
+        from engine.parallel import fsdp
+
+        if compiled:
+            for block in blocks:
+                block.compile()
+        sharded = fsdp.shard(
+            model, blocks, fsdp.device_mesh(device, denv.world_size), cfg.dist, amp
+        )
+        return sharded, sharded
+    eval_model = torch.compile(model, dynamic=False) if compiled else model
+    if strategy == "dp":  # DataParallel replicates per call, which dynamo cannot trace
+        return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
+    wrapped = ddp_wrap(model, cfg.dist, device, accum_steps) if strategy == "ddp" else model
+    return (torch.compile(wrapped) if compiled else wrapped), eval_model
+
+
+def ddp_wrap(model: nn.Module, dcfg: DistConfig, device: torch.device, accum_steps: int):
+    if dcfg.sync_bn:
+        if device.type != "cuda":
+            raise ConfigError("dist.sync_bn needs CUDA devices (no CPU kernel); unset it")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        # A static graph and no_sync() break each other (DDP's expect_autograd_hooks_
+        # assert at the first accumulated step), so accumulation runs without it.
+        static_graph=dcfg.static_graph and not dcfg.find_unused_parameters and accum_steps == 1,
+        find_unused_parameters=dcfg.find_unused_parameters,
+    )
+
+
+def gradient_sync(model: nn.Module, last: bool):
+    """A context for one micro batch's backward: gradients are reduced over the processes on
+    the last micro batch of a step only (DDP's no_sync, FSDP's requires_gradient_sync)."""
+    if is_sharded(model):
+        model.set_requires_gradient_sync(last)  # FSDP2
+        return contextlib.nullcontext()
+    if last or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return hasattr(model, "set_requires_gradient_sync")
+
+
+def check_fsdp(dcfg: DistConfig, device: torch.device, amp: torch.dtype | None, ema: bool) -> None:
+    from engine.parallel import fsdp
+
+    fsdp.check(dcfg, device, amp, ema)
