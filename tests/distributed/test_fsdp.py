@@ -1,0 +1,202 @@
+"""FSDP2 and sharded checkpoints on the gpt recipe, in real processes with gloo on CPU:
+FSDP trains like DDP, a sharded checkpoint resumes bitwise on 2 processes and on 1 with the
+same samples, a checkpoint killed mid-write is never chosen, exports of DDP and FSDP
+checkpoints give the run's evaluation loss in a fresh process, and activation checkpointing
+changes nothing but memory."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import checkpoint as ckpt
+from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+GPT = ["train.max_steps=8", "log.every_steps=1", "ckpt.every_steps=4", "log.sample_ids=true"]
+FSDP = [*GPT, "dist.strategy=fsdp"]
+TOLERANCE = 1e-5  # float rounding: gradients summed in another order
+
+
+def gpt(root, name, *overrides, procs=2, **kwargs):
+    prefix = torchrun(procs) if procs > 1 else None
+    return run_engine(root, name, *overrides, prefix=prefix, recipe="gpt", **kwargs)
+
+
+def losses(root, name) -> list[float]:
+    return [r["loss"] for r in records(root, name, "train", "gpt")]
+
+
+def final_eval(root, name) -> dict:
+    return records(root, name, "eval", "gpt")[-1]
+
+
+def trained_ids(root, name) -> list[list[int]]:
+    lines = (run_dir(root, name, "gpt") / "samples.jsonl").read_text().splitlines()
+    return [json.loads(line)["ids"] for line in lines]
+
+
+def close(a: list[float], b: list[float], tolerance: float) -> bool:
+    return len(a) == len(b) and all(
+        abs(x - y) <= tolerance * max(1, abs(y)) for x, y in zip(a, b, strict=False)
+    )
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def ddp(root):
+    gpt(root, "ddp", *GPT, "dist.strategy=ddp")
+    return root
+
+
+@pytest.fixture(scope="module")
+def fsdp(root):
+    gpt(root, "fsdp", *FSDP)
+    return root
+
+
+@pytest.fixture(scope="module")
+def stopped(root):
+    """An FSDP run stopped at step 4 (its sharded checkpoint), and a copy to resume on 1."""
+    gpt(root, "stopped", *FSDP, "train.stop_at_step=4")
+    shutil.copytree(run_dir(root, "stopped", "gpt"), run_dir(root, "on-one", "gpt"))
+    return root
+
+
+def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
+    assert close(losses(fsdp, "fsdp"), losses(ddp, "ddp"), TOLERANCE)
+    assert abs(final_eval(fsdp, "fsdp")["loss"] - final_eval(ddp, "ddp")["loss"]) < TOLERANCE
+    assert trained_ids(fsdp, "fsdp") == trained_ids(ddp, "ddp")
+    folder = run_dir(fsdp, "fsdp", "gpt") / "checkpoints"
+    assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-00000008", "step-00000004"]
+    assert all(p.is_dir() for p in folder.iterdir())
+    shards = sorted((folder / "step-00000008").glob("*.distcp"))  # one file per rank
+    sizes = [p.stat().st_size for p in shards]
+    assert len(shards) == 2 and max(sizes) < 0.6 * sum(sizes)  # each rank holds about half
+    summary = json.loads((run_dir(fsdp, "fsdp", "gpt") / "summary.json").read_text())
+    assert summary["headline"] == "eval_loss" and summary["world_size"] == 2
+    train = records(fsdp, "fsdp", "train", "gpt")[-1]
+    assert train["tokens_per_s"] == pytest.approx(train["samples_per_s"] * 64)
+
+
+def test_a_sharded_checkpoint_resumes_on_two_processes_bitwise(fsdp, stopped):
+    out = gpt(stopped, "stopped", *FSDP)
+    assert "resuming from" in out.stderr and "step-00000004 (epoch 0, step 4)" in out.stderr
+    assert losses(stopped, "stopped") == losses(fsdp, "fsdp")
+    assert final_eval(stopped, "stopped") == final_eval(fsdp, "fsdp")
+    assert trained_ids(stopped, "stopped") == trained_ids(fsdp, "fsdp")
+
+
+def test_a_sharded_checkpoint_resumes_on_one_process(fsdp, stopped):
+    gpt(stopped, "on-one", *FSDP, procs=1)
+    assert trained_ids(stopped, "on-one") == trained_ids(fsdp, "fsdp")
+    assert close(losses(stopped, "on-one"), losses(fsdp, "fsdp"), TOLERANCE)
+    assert abs(final_eval(stopped, "on-one")["loss"] - final_eval(fsdp, "fsdp")["loss"]) < 1e-4
+
+
+def test_a_checkpoint_killed_mid_write_is_never_chosen(root, fsdp):
+    args = [*torchrun(2), "gpt", *QUIET, f"run.root={root}", "run.name=killed", *FSDP]
+    proc = subprocess.Popen(
+        [*args, "fault.hang_in_save_at_step=8"],
+        cwd=REPO,
+        env=engine_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    folder = run_dir(root, "killed", "gpt") / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not (folder / ".step-00000008.partial" / "meta.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no partial checkpoint"
+        time.sleep(0.05)
+    for pid in [*descendants(proc.pid), proc.pid]:  # the ranks, then torchrun: no clean-up
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-00000004"]
+    out = gpt(root, "killed", *FSDP)
+    assert "removed .step-00000008.partial" in out.stderr and "step 4)" in out.stderr
+    assert final_eval(root, "killed") == final_eval(fsdp, "fsdp")
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (torchrun starts its ranks in sessions of their own)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        children = task / "children"
+        for child in map(int, children.read_text().split() if children.exists() else []):
+            found += [child, *descendants(child)]
+    return found
+
+
+EVALUATE = """
+import json, sys
+import torch
+from engine.config import build_section
+from recipes.gpt.recipe import RECIPE
+config, weights = json.loads(sys.argv[1]), sys.argv[2]
+if weights.endswith(".pt"):
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+else:
+    from safetensors.torch import load_file
+    state = load_file(weights)
+model = RECIPE.build_model(build_section("model", RECIPE.model_config, config["model"]))
+model.load_state_dict(state, strict=True)
+_, held_out = RECIPE.build_datasets(build_section("data", RECIPE.data_config, config["data"]))
+loss = count = 0.0
+with torch.no_grad():
+    for i in range(0, len(held_out), 64):
+        x, y = (torch.stack(t) for t in zip(*(held_out[j] for j in range(i, min(i + 64, len(held_out))))))
+        sums = RECIPE.task.eval_sums(model.eval()(x), y)
+        loss, count = loss + sums["loss"].sum().item(), count + sums["count"].sum().item()
+print(json.dumps({"loss": loss / count}))
+"""
+
+
+@pytest.mark.parametrize("run, checkpoint, suffix", [
+    ("ddp", "step-00000008.pt", ".pt"),
+    ("fsdp", "step-00000008", ".pt"),
+    ("fsdp", "step-00000008", ".safetensors"),
+])  # fmt: skip
+def test_an_export_loads_in_one_plain_process_with_the_runs_eval_loss(
+    ddp, fsdp, tmp_path, run, checkpoint, suffix
+):
+    source = run_dir(ddp, run, "gpt") / "checkpoints" / checkpoint
+    out = tmp_path / f"weights{suffix}"
+    exported = subprocess.run(
+        [sys.executable, "-m", "engine.export", str(source), str(out)],
+        cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    config = ckpt.load(source)["config"]
+    fresh = subprocess.run(
+        [sys.executable, "-c", EVALUATE, json.dumps(config), str(out)],
+        cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr
+    result = json.loads(fresh.stdout)
+    assert abs(result["loss"] - final_eval(ddp, run)["loss"]) < 1e-6
+
+
+def test_activation_checkpointing_changes_nothing_but_memory(tmp_path):
+    """Dropout on: the recomputed forward must draw the same masks."""
+    same = ["train.max_steps=4", "log.every_steps=1", "model.dropout=0.2"]
+    gpt(tmp_path, "kept", *same, procs=1)
+    gpt(tmp_path, "recomputed", *same, "train.activation_checkpointing=true", procs=1)
+    assert losses(tmp_path, "recomputed") == losses(tmp_path, "kept")
+    assert final_eval(tmp_path, "recomputed") == final_eval(tmp_path, "kept")
+
+
+def test_one_process_with_accumulation_trains_like_two(ddp, tmp_path):
+    """The loss is normalised by the global token count, whatever the split."""
+    gpt(tmp_path, "accumulated", *GPT, "train.micro_batch_size=8", procs=1)
+    assert close(losses(tmp_path, "accumulated"), losses(ddp, "ddp"), TOLERANCE)
