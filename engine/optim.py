@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from engine.config import OptimConfig, SchedConfig
+from engine.config import ConfigError, OptimConfig, SchedConfig
 
 
 def base_lr(cfg: OptimConfig, batch_size: int) -> float:
@@ -35,12 +35,21 @@ def param_groups(model: nn.Module, cfg: OptimConfig, lr: float) -> list[dict]:
     ]
 
 
-def implementation(cfg: OptimConfig, device: torch.device) -> dict[str, bool]:
+def implementation(
+    cfg: OptimConfig, device: torch.device, sharded: bool = False
+) -> dict[str, bool]:
     """The optimizer's fused/foreach flags. Fused kernels exist for SGD and AdamW on CUDA and
-    CPU (torch >= 2.4); elsewhere auto falls back to foreach."""
+    CPU (torch >= 2.4); elsewhere auto falls back to foreach. FSDP's sharded parameters
+    (DTensors) have a fused AdamW but no fused SGD."""
     choice = cfg.implementation
+    no_fused = sharded and cfg.name == "sgd"
+    if choice == "fused" and no_fused:
+        raise ConfigError(
+            "optim.implementation=fused: SGD has no fused kernel for FSDP's sharded parameters; "
+            "use optim.implementation=foreach (or auto)"
+        )
     if choice == "auto":
-        choice = "fused" if device.type in ("cuda", "cpu") else "foreach"
+        choice = "fused" if device.type in ("cuda", "cpu") and not no_fused else "foreach"
     return {"fused": choice == "fused", "foreach": choice == "foreach"}
 
 
@@ -49,7 +58,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     lr = base_lr(cfg, batch_size)
     groups = param_groups(model, cfg, lr)
-    flags = implementation(cfg, device)
+    sharded = any(hasattr(p, "device_mesh") for p in model.parameters())  # DTensors (FSDP)
+    flags = implementation(cfg, device, sharded)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, **flags)

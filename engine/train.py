@@ -243,7 +243,8 @@ def place_model(model, recipe, cfg, denv, device, accum_steps, dtype, train_data
     process only ever holds its own shard; a sharded checkpoint is loaded later, with the
     optimizer."""
     from_file = source is not None and not source[0].is_dir()
-    if weights.on_meta(model) and P.strategy_for(cfg.dist.strategy, denv) != "fsdp":
+    sharding = P.strategy_for(cfg.dist.strategy, denv) == "fsdp"
+    if weights.on_meta(model) and not sharding:
         # unsharded: the whole model on every process anyway (DDP broadcasts it at wrap time)
         weights.initialise(model, recipe, cfg.model, cfg.seed, torch.device("cpu"))
     on_meta = weights.on_meta(model)
@@ -252,7 +253,8 @@ def place_model(model, recipe, cfg, denv, device, accum_steps, dtype, train_data
     if from_file and not on_meta:
         ckpt.load_model_state(model, source[1]["model"], source[0])
     set_backend_flags(cfg.train, cfg.deterministic)
-    layout = memory_format(model, cfg.train.channels_last)
+    # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
+    layout = memory_format(model, cfg.train.channels_last and not sharding)
     if not on_meta:
         model = model.to(device, memory_format=layout)
     ema = None if on_meta else build_ema(model, cfg.ema)

@@ -7,6 +7,7 @@ embeddings, the head). The recipe's model code stays single-device."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -56,9 +57,20 @@ def shard(
     }
     if dcfg.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
+    if not any(t.is_meta for t in model.parameters()):
+        broadcast_from_first_rank(model)
     for block in blocks:
         fully_shard(block, **options)
     # The root's parameters are used last in backward: gathering them again there saves
     # nothing, so they stay gathered between forward and backward.
     fully_shard(model, **(options | {"reshard_after_forward": False}))
     return model
+
+
+@torch.no_grad()
+def broadcast_from_first_rank(model: nn.Module) -> None:
+    """A model built with storage was initialised from each rank's own RNG stream: every rank
+    takes rank 0's weights before sharding, as DDP does when it wraps (a model on the meta
+    device is initialised after sharding, by name, the same on every rank)."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor, src=0)

@@ -29,8 +29,8 @@ def gpt(root, name, *overrides, procs=2, **kwargs):
     return run_engine(root, name, *overrides, prefix=prefix, recipe="gpt", **kwargs)
 
 
-def losses(root, name) -> list[float]:
-    return [r["loss"] for r in records(root, name, "train", "gpt")]
+def losses(root, name, recipe="gpt") -> list[float]:
+    return [r["loss"] for r in records(root, name, "train", recipe)]
 
 
 def final_eval(root, name) -> dict:
@@ -200,3 +200,15 @@ def test_one_process_with_accumulation_trains_like_two(ddp, tmp_path):
     """The loss is normalised by the global token count, whatever the split."""
     gpt(tmp_path, "accumulated", *GPT, "train.micro_batch_size=8", procs=1)
     assert close(losses(tmp_path, "accumulated"), losses(ddp, "ddp"), TOLERANCE)
+
+
+def test_a_model_built_with_storage_trains_under_fsdp_like_ddp(tmp_path):
+    """digits declares no init_weights: each rank builds the model from its own RNG stream and
+    rank 0's weights are broadcast before sharding, as DDP does; SGD (no fused kernel for
+    sharded parameters), no blocks (the whole model is one unit), channels_last left off."""
+    same = ["train.max_steps=6", "log.every_steps=1", "model.norm=group"]
+    run_engine(tmp_path, "ddp", *same, "dist.strategy=ddp", prefix=torchrun(2))
+    run_engine(tmp_path, "fsdp", *same, "dist.strategy=fsdp", prefix=torchrun(2))
+    assert close(losses(tmp_path, "fsdp", "digits"), losses(tmp_path, "ddp", "digits"), TOLERANCE)
+    evaluations = [records(tmp_path, n, "eval")[-1] for n in ("fsdp", "ddp")]
+    assert evaluations[0]["top1"] == evaluations[1]["top1"]

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from engine import distributed as D
+from engine.config import ConfigError, OptimConfig
+from engine.optim import implementation
 from engine.speed import flops_per_sample, memory_format
 from engine.train import Progress, load_config, run_eval, setup, train_epoch
 from tests.helpers import records, run_engine
@@ -90,6 +92,16 @@ def test_optimizer_implementation_switch(build, name, choice, fused, foreach):
     run = build(f"optim.name={name}", f"optim.implementation={choice}")
     assert bool(run.optimizer.defaults["fused"]) is fused
     assert bool(run.optimizer.defaults["foreach"]) is foreach
+
+
+def test_sharded_sgd_falls_back_from_fused_to_foreach():
+    """FSDP's DTensor parameters have no fused SGD kernel (fused AdamW they have)."""
+    sgd, adamw = OptimConfig(name="sgd"), OptimConfig(name="adamw")
+    cpu = torch.device("cpu")
+    assert implementation(sgd, cpu, sharded=True) == {"fused": False, "foreach": True}
+    assert implementation(adamw, cpu, sharded=True) == {"fused": True, "foreach": False}
+    with pytest.raises(ConfigError, match="optim.implementation=foreach"):
+        implementation(OptimConfig(name="sgd", implementation="fused"), cpu, sharded=True)
 
 
 def backend_flags() -> tuple:
