@@ -26,7 +26,8 @@ PARTIAL_DIR_GLOBS = (".step-*.partial", ".step-*.old")  # checkpoint.sharded's d
 def holds_a_run(run_dir: Path) -> bool:
     """Metrics or checkpoints from an earlier launch."""
     ckpts = run_dir / "checkpoints"
-    return (run_dir / "metrics.jsonl").exists() or (ckpts.is_dir() and any(ckpts.glob("step-*.pt")))
+    # step-*: files and sharded directories (a partial one is hidden: .step-*.partial)
+    return (run_dir / "metrics.jsonl").exists() or (ckpts.is_dir() and any(ckpts.glob("step-*")))
 
 
 def check_fresh_start(run_dir: Path, resume: str, overwrite: bool) -> None:

@@ -276,6 +276,7 @@ SAFE_TO_CHANGE = (
     "train.micro_batch_size",
     "train.compile",
     "train.channels_last",
+    "train.activation_checkpointing",
     "train.tf32",
     "train.cudnn_benchmark",
     "optim.implementation",

@@ -157,6 +157,15 @@ def test_listing_mixes_files_and_directories_newest_first_and_prunes_both(tmp_pa
     assert not (tmp_path / ".step-00000010.partial").exists()
 
 
+def test_a_run_with_only_sharded_checkpoints_is_a_run_and_a_partial_one_is_not(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    (folder / ".step-00000002.partial").mkdir(parents=True)
+    assert not rundir.holds_a_run(tmp_path / "run")  # resume=none may start here afresh
+    model, optimizer = trained()
+    sharded.save(ckpt.sharded_path(folder, 4), model, optimizer, {"step": 4})
+    assert rundir.holds_a_run(tmp_path / "run")  # resume=none refuses to overwrite it
+
+
 def test_latest_valid_skips_an_incomplete_directory(tmp_path, capsys):
     model, optimizer = trained()
     for s in (2, 4, 6):
