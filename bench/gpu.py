@@ -52,7 +52,24 @@ timed span starts and ends with torch.cuda.synchronize):
                       by torch's FlopCounterMode (2 FLOPs per multiply-add, as the engine's
                       own mfu): ResNet-50 at 224 px is 4.1 G multiply-adds = 8.2 GFLOPs
                       forward, 24.5 GFLOPs per trained image.
-  gpt                 (f) tokens/s and MFU of recipes/gpt when that recipe exists.
+  gpt                 (f) recipes/gpt on this one GPU, outside the engine's loop: the recipe's
+                      model built on the meta device, given storage on the GPU and filled
+                      per parameter name by the recipe's init_weights (as
+                      engine/parallel/weights.py does, but drawn on the device), bf16
+                      autocast, AdamW (fused on CUDA; weight decay 0.1 on matrices only),
+                      gradient clipping at 1.0, random byte tokens resident on the device.
+                      speed: the `124m` variant at 16 x 1024 tokens per step: tokens/s, MFU
+                      (recipes.gpt.model.flops_per_token x tokens/s over the dense bf16 peak
+                      of engine/speed.py) and the memory high-water mark, eager without and
+                      with activation checkpointing (engine.parallel.activations on the
+                      blocks) and torch.compile'd (the whole model, as the engine compiles a
+                      one-GPU or DDP run) without it. memory: the `1b` variant at 4 x 2048
+                      tokens per step, with and without activation checkpointing: the
+                      high-water mark of training steps after the first (so AdamW's moments
+                      exist) next to recipes/gpt/memory.py's estimate for the same micro batch
+                      on one GPU (its DDP column); running out of memory is recorded as such.
+                      The block keeps to its share of the budget (90 s): a part that does
+                      not fit what is left of it is skipped with the reason.
 
 The printed summary puts each figure beside its target; the JSON also holds published
 reference figures (labelled references, with their sources) for comparison.
@@ -80,6 +97,7 @@ import tempfile
 import threading
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 import torch
@@ -88,6 +106,7 @@ import torch.nn.functional as F
 from engine import distributed as D
 from engine import recipe as R
 from engine.config import ENGINE_SECTIONS
+from engine.speed import PEAK_BF16_TFLOPS  # datasheet dense bf16, SXM parts
 from engine.train import Progress, load_config, run_eval, setup, train_epoch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,9 +144,6 @@ REFERENCES = [
         "as quoted in recipes/cifar10/fast.yaml",
     },
 ]
-# Dense bf16 peak TFLOP/s of one device, from the vendors' datasheets (SXM parts; the H100
-# PCIe is 756), matched in this order against the GPU's name.
-PEAK_BF16_TFLOPS = (("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("A100", 312.0))
 RESNET50_FORWARD_GMACS = 4.1  # the usual "4.1 GFLOPs" of ResNet-50 at 224 px: multiply-adds
 
 
@@ -155,14 +171,23 @@ class Sizes:
     cifar_epochs: int = 3  # timed epochs after the first (compiling) one
     cifar_overrides: tuple[str, ...] = ()
     cifar_real_overrides: tuple[str, ...] = ()  # the run to the end on real files
-    gpt_steps: int = 30
+    gpt_speed_variant: str = "124m"  # recipes/gpt/<variant>.yaml; "config": config.yaml
+    gpt_speed_batch: int = 16  # sequences per step (124m's micro batch per GPU)
+    gpt_memory_variant: str = "1b"
+    gpt_memory_batch: int = 4
+    gpt_seq: int | None = None  # tokens per sequence; None: the variant's data.block_size
+    gpt_warmup_steps: int = 3  # after the first (compiling) step
+    gpt_segment_s: float = 3.0  # aimed length of the timed span
+    gpt_steps: tuple[int, int] = (5, 40)  # its bounds in steps
+    gpt_memory_steps: int = 3  # steps after the first whose high-water mark is kept
+    gpt_share_s: float = 90.0  # parts start only within this many seconds of the block's start
     compile_backend: str | None = None  # None: torch's default (inductor)
     planned_s: tuple[tuple[str, float], ...] = (  # rough cost on an H100, for the budget
-        ("resnet50_synthetic", 170),
-        ("imagenet_jpeg", 110),
+        ("resnet50_synthetic", 155),
+        ("imagenet_jpeg", 100),
         ("cifar10_fast", 60),
         ("compile_recompiles", 35),
-        ("gpt", 60),
+        ("gpt", 90),
     )
 
 
@@ -186,7 +211,15 @@ SMOKE = Sizes(
     cifar_epochs=1,
     cifar_overrides=("train.batch_size=256", "eval.batch_size=256", "model.widths=[16,32,32]"),
     cifar_real_overrides=("train.max_steps=6",),
-    gpt_steps=3,
+    gpt_speed_variant="config",  # ~390 K parameters, 64-byte blocks
+    gpt_speed_batch=4,
+    gpt_memory_variant="config",
+    gpt_memory_batch=2,
+    gpt_warmup_steps=1,
+    gpt_segment_s=0.2,
+    gpt_steps=(2, 3),
+    gpt_memory_steps=2,
+    gpt_share_s=120.0,
     planned_s=tuple((name, 10.0) for name in MEASUREMENTS),
 )
 
@@ -1159,57 +1192,257 @@ def compile_recompiles(bench: Bench) -> dict:
 
 # ---------------------------------------------------------------- (f) gpt, (e) memory and MFU
 
-SEQUENCE_FIELDS = ("seq_len", "block_size", "context_length", "sequence_length", "max_seq_len")
-
 
 def gpt(bench: Bench) -> dict:
     if "gpt" not in R.available():
         return {"status": "not present", "reason": "recipes/gpt does not exist in this checkout"}
-    return attempt(bench, "(f) gpt", lambda: gpt_throughput(bench), need_s=bench.need(40))
+    return attempt(bench, "(f) gpt", lambda: gpt_measure(bench), need_s=bench.need(20))
 
 
-def gpt_throughput(bench: Bench) -> dict:
-    """Written before the recipe existed: guesses the sequence-length field by name."""
-    s = bench.sizes
-    overrides = ["train.max_steps=100000"]
-    if has_key("gpt", "data.synthetic"):
-        overrides.append("data.synthetic=true")
-    run = engine_run(bench, "gpt", overrides, "f-gpt")
-    try:
-        seq = next(
-            (
-                getattr(section, f)
-                for section in (run.cfg.data, run.cfg.model)
-                for f in SEQUENCE_FIELDS
-                if isinstance(getattr(section, f, None), int)
-            ),
-            None,
+def gpt_setup(variant: str, batch: int, seq: int | None):
+    """The variant's model config and memory.py's Setup for `batch` sequences of `seq` tokens."""
+    from recipes.gpt import memory
+
+    plan = memory.load(variant)
+    return dataclasses.replace(plan, micro_batch=batch, seq_len=seq or plan.seq_len)
+
+
+def gpt_estimate(plan) -> dict:
+    """recipes/gpt/memory.py's estimate for this micro batch on one GPU (its DDP column), GiB."""
+    from recipes.gpt import memory
+
+    rows = memory.estimate(plan, gpus=1)["ddp"]
+    return {k: round(v / 2**30, 3) for k, v in rows.items()}
+
+
+def gpt_model(recipe, cfg, device: torch.device):
+    """Built on the meta device, given storage on `device`, each parameter filled by the
+    recipe's init_weights from a generator seeded by its name (engine/parallel/weights.py's
+    scheme, drawn on the device rather than the CPU: other values, the same distributions)."""
+    from engine.seeding import derive_seed
+
+    with torch.device("meta"):
+        model = recipe.build_model(dataclasses.replace(cfg))
+    model.to_empty(device=device)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(derive_seed(0, zlib.crc32(name.encode())))
+        recipe.init_weights(cfg, name, tensor, generator)
+    return model
+
+
+class GptLoop:
+    """The recipe's training step without the engine: next-byte cross entropy on random bytes
+    under bf16 autocast, backward, gradient clipping at 1.0, AdamW."""
+
+    def __init__(self, model, forward, batch: int, seq: int, device: torch.device):
+        self.forward, self.device = forward, device
+        self.params = list(model.parameters())
+        matrices = [p for p in self.params if p.dim() >= 2]
+        others = [p for p in self.params if p.dim() < 2]
+        self.flags = {"fused": True} if device.type == "cuda" else {}
+        self.optimizer = torch.optim.AdamW(
+            [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}],
+            lr=6e-4,
+            betas=(0.9, 0.95),
+            **self.flags,
         )
-        first = timed(bench, lambda: engine_steps(run, 1))
-        engine_steps(run, max(1, s.gpt_steps // 5))
-        steps = s.gpt_steps
-        seconds = timed(bench, lambda: engine_steps(run, steps))
-        samples_per_s = steps * run.sampler.plan.global_batch / seconds
-        tokens_per_s = samples_per_s * seq if seq else None
-        params = sum(p.numel() for p in run.bare.parameters())
-        peak, peak_source = peak_flops(bench.device)
-        record = last_record(run) or {}
+        gen = torch.Generator(device=device).manual_seed(0)
+        pool = torch.randint(0, 256, (4, batch, seq + 1), generator=gen, device=device)
+        # separate tensors: every step's input has the same strides and storage offset
+        self.x = [chunk[:, :-1].contiguous() for chunk in pool]
+        self.y = [chunk[:, 1:].contiguous() for chunk in pool]
+        self.k = 0
+        self.loss = None
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            i = self.k % len(self.x)
+            self.k += 1
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                logits = self.forward(self.x[i])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), self.y[i].flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.loss = loss.detach()
+
+
+def gpt_train(
+    bench: Bench,
+    plan,
+    checkpointing: bool,
+    compiled: bool,
+    steps: int | None = None,
+    warmup: int | None = None,
+) -> dict:
+    """Train `plan`'s model on one device; time `steps` steps after the first and `warmup`
+    more (steps None: as many as fill gpt_segment_s). Memory: the high-water mark of the
+    timed steps, and what stays allocated between steps (weights, AdamW's moments)."""
+    from engine.parallel.activations import checkpoint_blocks
+    from recipes.gpt.model import flops_per_token
+
+    s, device = bench.sizes, bench.device
+    batch, seq = plan.micro_batch, plan.seq_len
+    recipe = R.load("gpt")
+    model = gpt_model(recipe, plan.model, device)
+    if checkpointing:
+        checkpoint_blocks(recipe.blocks(model))
+    forward = torch.compile(model) if compiled else model
+    loop = GptLoop(model, forward, batch, seq, device)
+    try:
         out = {
-            "first_step_s": round(first, 2),
-            "timed_steps": steps,
-            "samples_per_s": round(samples_per_s, 1),
-            "sequence_length": seq,
-            "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s else None,
-            "parameters": params,
-            "engine_mfu": record.get("mfu"),
-            "peak": peak_source,
+            "activation_checkpointing": checkpointing,
+            "compiled": compiled,
+            "optimizer_flags": loop.flags,
         }
-        if tokens_per_s and peak:
-            out["mfu_6n"] = round(6 * params * tokens_per_s / peak, 4)
-            out["mfu_6n_note"] = "6 x parameters x tokens/s over peak; attention FLOPs left out"
+        out["first_step_s"] = round(timed(bench, lambda: loop.steps(1)), 3)
+        loop.steps(s.gpt_warmup_steps if warmup is None else warmup)
+        if steps is None:
+            step_s = timed(bench, lambda: loop.steps(2)) / 2
+            lo, hi = s.gpt_steps
+            aim = s.gpt_segment_s / (2 if bench.tight("gpt") else 1)
+            steps = int(min(hi, max(lo, round(aim / max(step_s, 1e-6)))))
+            out["budget_tight"] = bench.tight("gpt")
+        bench.sync()
+        resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+        reset_peak(device)
+        seconds = timed(bench, lambda: loop.steps(steps))
+        tokens_per_s = steps * batch * seq / seconds
+        peak, _ = peak_flops(device)
+        flops = flops_per_token(plan.model, seq)
+        out |= {
+            "timed_steps": steps,
+            "step_ms": round(1000 * seconds / steps, 2),
+            "tokens_per_s": round(tokens_per_s, 1),
+            "mfu": mfu(tokens_per_s, flops, peak),
+            "peak_step_gib": peak_memory_gb(device),
+            "last_loss": round(float(loop.loss), 4),  # ~ln 256 = 5.55 on random bytes
+        }
+        if device.type == "cuda":
+            out["resident_gib"] = round(resident / 2**30, 3)
+            out["peak_step_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
         return out
     finally:
-        close_run(run)
+        forward = loop = model = None  # free the device memory before the next part
+        if compiled:
+            torch._dynamo.reset()  # its graphs hold the model's tensors
+
+
+def gpt_memory_part(bench: Bench, plan, checkpointing: bool, estimate: dict) -> dict:
+    """gpt_train at a fixed step count, its high-water mark against the estimate; running out
+    of memory is a result here, not an error."""
+    key = "total_ckpt" if checkpointing else "total"
+    try:
+        out = gpt_train(
+            bench, plan, checkpointing, False, steps=bench.sizes.gpt_memory_steps, warmup=0
+        )
+    except torch.cuda.OutOfMemoryError as err:
+        message = " ".join(str(err).split())[:600]
+    else:
+        out["estimate_gib"] = estimate[key]
+        if out.get("peak_step_gib") is not None:
+            out["measured_over_estimate"] = round(out["peak_step_gib"] / estimate[key], 3)
+        return out
+    gc.collect()
+    if bench.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {
+        "status": "out of memory",
+        "activation_checkpointing": checkpointing,
+        "error": message,
+        "estimate_gib": estimate[key],
+    }
+
+
+def gpt_measure(bench: Bench) -> dict:
+    from recipes.gpt.model import flops_per_token, parameter_count
+
+    s, device = bench.sizes, bench.device
+    started = time.perf_counter()
+    share = s.gpt_share_s
+
+    def part(label: str, fn, need_s: float) -> dict:
+        """attempt(), started only while the block's share of the budget has room for it."""
+        need_s = bench.need(need_s)
+        left = share - (time.perf_counter() - started)
+        if left < need_s:
+            return {
+                "status": "skipped",
+                "reason": f"needs ~{need_s:.0f} s, {max(left, 0):.0f} s left of the gpt "
+                f"block's {share:.0f} s",
+            }
+        return attempt(bench, label, fn, need_s=need_s)
+
+    peak, peak_source = peak_flops(device)
+    speed_setup = gpt_setup(s.gpt_speed_variant, s.gpt_speed_batch, s.gpt_seq)
+    memory_setup = gpt_setup(s.gpt_memory_variant, s.gpt_memory_batch, s.gpt_seq)
+    out = {
+        "data": "random bytes (0-255) resident on the device, 4 batches in turn",
+        "step": "bf16 autocast forward, fp32 cross entropy, backward, clip_grad_norm 1.0, "
+        "AdamW (fused on CUDA), zero_grad(set_to_none=True); one device, no engine loop",
+        "peak": peak_source,
+        "flops_note": "recipes.gpt.model.flops_per_token: 6 x non-embedding parameters + "
+        "12 x n_layer x d_model x T (attention), per trained token",
+        "memory_note": "peak_step_gib: torch.cuda.max_memory_allocated over the timed steps "
+        "(after the first, so AdamW's moments exist); resident_gib: allocated between steps; "
+        "the estimate leaves out the logits, the CUDA context and allocator fragmentation",
+    }
+    cfgs = {}
+    for key, plan in (("speed", speed_setup), ("memory", memory_setup)):
+        m = plan.model
+        cfgs[key] = {
+            "variant": s.gpt_speed_variant if key == "speed" else s.gpt_memory_variant,
+            "parameters": parameter_count(m),
+            "n_layer": m.n_layer,
+            "d_model": m.d_model,
+            "n_head": m.n_head,
+            "micro_batch": plan.micro_batch,
+            "seq_len": plan.seq_len,
+            "tokens_per_step": plan.micro_batch * plan.seq_len,
+            "flops_per_token": flops_per_token(m, plan.seq_len),
+            "estimate_gib": gpt_estimate(plan),
+        }
+    speed, memory = cfgs["speed"], cfgs["memory"]
+    out["speed"], out["memory"] = speed, memory
+    speed["eager"] = part(
+        "(f) gpt speed, eager", lambda: gpt_train(bench, speed_setup, False, False), 12
+    )
+    speed["eager_checkpointing"] = part(
+        "(f) gpt speed, eager, activation checkpointing",
+        lambda: gpt_train(bench, speed_setup, True, False),
+        10,
+    )
+    estimate = memory["estimate_gib"]
+    memory["checkpointing"] = part(
+        "(f) gpt memory, activation checkpointing",
+        lambda: gpt_memory_part(bench, memory_setup, True, estimate),
+        12,
+    )
+    memory["no_checkpointing"] = part(
+        "(f) gpt memory, no activation checkpointing",
+        lambda: gpt_memory_part(bench, memory_setup, False, estimate),
+        10,
+    )
+    # Last: compilation is the longest and least predictable part.
+    speed["compiled"] = part(
+        "(f) gpt speed, torch.compile", lambda: gpt_train(bench, speed_setup, False, True), 40
+    )
+    ran = [k for k in ("compiled", "eager") if speed[k].get("status") == "ok"]
+    if ran:
+        best = speed[ran[0]]
+        out["headline"] = {
+            "mode": ran[0],
+            "tokens_per_s": best["tokens_per_s"],
+            "mfu": best["mfu"],
+            "peak_step_gib": best["peak_step_gib"],
+        }
+    parts = [speed[k] for k in ("eager", "eager_checkpointing", "compiled")]
+    parts += [memory[k] for k in ("checkpointing", "no_checkpointing")]
+    if all(p.get("status") == "error" for p in parts):
+        return out | {"status": "error", "error": "every gpt part failed (see each)"}
+    return out
 
 
 def memory_and_mfu(bench: Bench) -> dict:
@@ -1225,7 +1458,7 @@ def memory_and_mfu(bench: Bench) -> dict:
                 row[key] = value.get(key)
             rows.append(row)
         for k, v in value.items():
-            if isinstance(v, dict) and k not in ("sizes", "torch_compile", "reference"):
+            if isinstance(v, dict) and k not in ("sizes", "torch_compile", "reference", "headline"):
                 walk(v, f"{path}.{k}")
 
     for name, entry in bench.result["measurements"].items():
@@ -1312,12 +1545,36 @@ def summary(bench: Bench) -> list[str]:
     d = m.get("compile_recompiles", {})
     if d.get("status") == "ok":
         lines.append(f"  (d) recompiles {d['recompiles']}, graph breaks {d['graph_breaks']}")
+    f = m.get("gpt", {})
+    for key in ("eager", "eager_checkpointing", "compiled"):
+        e = get(f, "speed", key)
+        if isinstance(e, dict) and e.get("status") == "ok":
+            lines.append(
+                f"  (f) gpt {f['speed']['variant']} {key:19s} {e['tokens_per_s']:10.0f} tok/s, "
+                f"MFU {fmt(e['mfu'], '.3f')}, peak {fmt(e['peak_step_gib'], '.2f')} GiB"
+            )
+        elif isinstance(e, dict):
+            lines.append(f"  (f) gpt {key}: {e.get('status')} {e.get('reason', '')}")
+    for key in ("checkpointing", "no_checkpointing"):
+        e = get(f, "memory", key)
+        if isinstance(e, dict) and "estimate_gib" in e:
+            lines.append(
+                f"  (f) gpt {f['memory']['variant']} {key:17s} peak "
+                f"{fmt(e.get('peak_step_gib'), '.2f')} GiB ({e['status']}), estimate "
+                f"{e['estimate_gib']:.2f} GiB (recipes/gpt/memory.py, 1 GPU)"
+            )
+        elif isinstance(e, dict):
+            lines.append(f"  (f) gpt memory {key}: {e.get('status')} {e.get('reason', '')}")
     for name, entry in m.items():
         if entry.get("status") not in ("ok", None):
             lines.append(
                 f"  {name}: {entry['status']} {entry.get('reason') or entry.get('error', '')}"
             )
     return lines
+
+
+def fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def parse_args(argv: list[str] | None):

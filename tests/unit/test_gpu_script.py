@@ -1,8 +1,12 @@
 """The one-shot GPU benchmark (bench/gpu.sh) in its smoke mode: every measurement runs with
 tiny sizes (on the CPU here) in an interpreter where wandb and submitit cannot be imported, as
-on the lent GPU machine, and leaves one JSON file with the versions and an entry for each."""
+on the lent GPU machine, and leaves one JSON file with the versions and an entry for each;
+and the gpt block's budget share and out-of-memory record without running it."""
 
+import argparse
+import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -102,4 +106,90 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     d = m["compile_recompiles"]
     assert d["status"] == "ok", d
     assert d["frames_compiled"] >= 1 and d["recompiles"] >= 0 and len(d["phases"]) == 5
-    assert m["memory_and_mfu"]["status"] == "ok" and m["memory_and_mfu"]["rows"]
+    rows = m["memory_and_mfu"]["rows"]
+    assert m["memory_and_mfu"]["status"] == "ok" and rows
+
+    # (f) gpt: config.yaml's model in smoke mode, every part run, with numbers
+    f = m["gpt"]
+    assert f["status"] == "ok", f
+    speed, memory = f["speed"], f["memory"]
+    for part in (speed, memory):
+        assert part["variant"] == "config" and part["parameters"] > 0, part
+        assert part["flops_per_token"] > 0 and part["tokens_per_step"] > 0
+    for key in ("eager", "eager_checkpointing", "compiled"):
+        e = speed[key]
+        assert e["status"] == "ok", (key, e)
+        assert e["tokens_per_s"] > 0 and e["step_ms"] > 0 and e["timed_steps"] >= 2, e
+        assert math.isfinite(e["last_loss"]) and "mfu" in e and "peak_step_gib" in e
+    assert speed["eager_checkpointing"]["activation_checkpointing"] is True
+    assert speed["compiled"]["compiled"] is True
+    assert speed["compiled"]["torch_compile"]["frames_compiled"] >= 1
+    from recipes.gpt import memory as gpt_memory
+
+    plan = dataclasses.replace(
+        gpt_memory.load("config"), micro_batch=memory["micro_batch"], seq_len=memory["seq_len"]
+    )
+    expected = gpt_memory.estimate(plan, gpus=1)["ddp"]  # the script's estimate is memory.py's
+    assert memory["estimate_gib"] == {k: round(v / 2**30, 3) for k, v in expected.items()}
+    for key, total in (("checkpointing", "total_ckpt"), ("no_checkpointing", "total")):
+        e = memory[key]
+        assert e["status"] == "ok", (key, e)
+        assert e["tokens_per_s"] > 0 and e["estimate_gib"] == memory["estimate_gib"][total]
+        assert e["activation_checkpointing"] is (key == "checkpointing")
+    assert f["headline"]["tokens_per_s"] > 0
+    assert {r["measurement"] for r in rows} >= {
+        "gpt.speed.eager",
+        "gpt.speed.eager_checkpointing",
+        "gpt.speed.compiled",
+        "gpt.memory.checkpointing",
+        "gpt.memory.no_checkpointing",
+    }
+
+
+@pytest.fixture
+def small_bench(tmp_path):
+    """bench.gpu and a smoke-sized Bench on the CPU, its sizes replaced as asked."""
+    import shutil
+
+    import torch
+
+    from bench import gpu
+
+    made = []
+
+    def make(**sizes):
+        args = argparse.Namespace(smoke=True, budget=300.0, only="gpt")
+        sizes = dataclasses.replace(gpu.SMOKE, **sizes)
+        made.append(gpu.Bench(args, sizes, torch.device("cpu"), tmp_path / "gpu.json"))
+        return gpu, made[-1]
+
+    yield make
+    for bench in made:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+
+
+def test_gpt_parts_past_the_block_share_are_skipped_with_the_reason(small_bench):
+    gpu, bench = small_bench(gpt_share_s=0.0)
+    out = gpu.gpt_measure(bench)
+    parts = [out["speed"][k] for k in ("eager", "eager_checkpointing", "compiled")]
+    parts += [out["memory"][k] for k in ("checkpointing", "no_checkpointing")]
+    for part in parts:
+        assert part["status"] == "skipped" and "gpt block's 0 s" in part["reason"], part
+    assert out["memory"]["estimate_gib"]["total"] > 0  # the estimate needs no device
+
+
+def test_gpt_out_of_memory_is_recorded_next_to_the_estimate(small_bench, monkeypatch):
+    import torch
+
+    gpu, bench = small_bench()
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(gpu, "gpt_train", out_of_memory)
+    plan = gpu.gpt_setup("config", 2, None)
+    estimate = gpu.gpt_estimate(plan)
+    entry = gpu.gpt_memory_part(bench, plan, False, estimate)
+    assert entry["status"] == "out of memory" and "Tried to allocate" in entry["error"]
+    assert entry["estimate_gib"] == estimate["total"]
+    assert entry["activation_checkpointing"] is False
