@@ -489,6 +489,10 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     names = [*run.task.metrics, "count"]
     totals = torch.zeros(len(names) + 2, dtype=torch.float64, device=device)  # + kept, skipped
     seen, x = [], None
+    # FSDP gathers weights from all ranks in every forward pass: all make as many passes
+    # as the rank with the most batches (agreed before the first pass; the extra ones are
+    # thrown away).
+    passes = most_batches(run, len(loader)) if P.is_sharded(model) else len(loader)
     for batch in loader:
         if run.cfg.log.sample_ids:
             seen += batch.index.tolist()
@@ -497,8 +501,10 @@ def evaluate(run: Run, model: nn.Module) -> dict:
         sums = run.task.eval_sums(predict(run, model, x)[: len(y)], y)
         kept = [sums[name].double()[keep].sum() for name in names]
         totals += torch.stack([*kept, keep.sum().double(), (~keep).sum().double()])
-    if P.is_sharded(model):
-        pad_forward_passes(run, model, len(loader), x)
+    for _ in range(passes - len(loader)):
+        if x is None:  # this rank had no batch at all: any valid input will do
+            x, _ = to_device(*first_sample(run), run, run.eval_data)
+        predict(run, model, x)
     D.all_reduce_sum(totals)
     if run.cfg.log.sample_ids:
         write_ids(run, {"kind": "eval", "step": run.state.step, "ids_by_rank": seen})
@@ -514,19 +520,14 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     return result | ({"skipped": int(skipped)} if run.skip_bad else {})
 
 
-def pad_forward_passes(run: Run, model: nn.Module, batches: int, x) -> None:
-    """FSDP: every forward pass gathers parameters from all ranks, so every rank must make as
-    many as the rank with the most evaluation batches; the extra ones are thrown away."""
+def most_batches(run: Run, batches: int) -> int:
+    """The most evaluation batches any rank has (a collective)."""
     most = torch.tensor([float(batches)], device=run.device)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-    for _ in range(int(most.item()) - batches):
-        if x is None:  # this rank had no batch at all: any valid input will do
-            x, _ = to_device(*eval_loader_sample(run), run, run.eval_data)
-        predict(run, model, x)
+    torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+    return int(most.item())
 
 
-def eval_loader_sample(run: Run):
+def first_sample(run: Run):
     x, y = run.eval_data[0]
     return x.unsqueeze(0), torch.as_tensor(y).unsqueeze(0)
 

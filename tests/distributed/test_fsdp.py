@@ -5,6 +5,7 @@ checkpoints give the run's evaluation loss in a fresh process, and activation ch
 changes nothing but memory."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,7 +20,18 @@ from engine import checkpoint as ckpt
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-GPT = ["train.max_steps=8", "log.every_steps=1", "ckpt.every_steps=4", "log.sample_ids=true"]
+GPT = [
+    "train.max_steps=8",
+    "log.every_steps=1",
+    "ckpt.every_steps=4",
+    "log.sample_ids=true",
+    # 801 held-out blocks: 401 on rank 0 (2 batches), 400 on rank 1 (1 batch). Under FSDP
+    # every forward pass gathers each block's weights from all ranks, so rank 1 must join
+    # rank 0's extra pass; if it did not, the run would stop at the timeout.
+    "data.eval_fraction=0.11",
+    "eval.batch_size=400",
+    "dist.timeout_s=60",
+]
 FSDP = [*GPT, "dist.strategy=fsdp"]
 TOLERANCE = 1e-5  # float rounding: gradients summed in another order
 
@@ -75,6 +87,10 @@ def stopped(root):
 
 def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert close(losses(fsdp, "fsdp"), losses(ddp, "ddp"), TOLERANCE)
+    # per byte from the first step: an untrained model's loss is ln 256 (a sum per sample,
+    # or over one rank's tokens, would be orders of magnitude away)
+    assert abs(losses(fsdp, "fsdp")[0] - math.log(256)) < 0.2
+    assert final_eval(fsdp, "fsdp")["count"] == 801 * 64  # every held-out token once
     assert abs(final_eval(fsdp, "fsdp")["loss"] - final_eval(ddp, "ddp")["loss"]) < TOLERANCE
     assert trained_ids(fsdp, "fsdp") == trained_ids(ddp, "ddp")
     folder = run_dir(fsdp, "fsdp", "gpt") / "checkpoints"
@@ -206,9 +222,17 @@ def test_a_model_built_with_storage_trains_under_fsdp_like_ddp(tmp_path):
     """digits declares no init_weights: each rank builds the model from its own RNG stream and
     rank 0's weights are broadcast before sharding, as DDP does; SGD (no fused kernel for
     sharded parameters), no blocks (the whole model is one unit), channels_last left off."""
-    same = ["train.max_steps=6", "log.every_steps=1", "model.norm=group"]
+    # 359 held-out images: 180 on rank 0 (2 batches of up to 179), 179 on rank 1 (1 batch)
+    same = [
+        "train.max_steps=6",
+        "log.every_steps=1",
+        "model.norm=group",
+        "eval.batch_size=179",
+        "dist.timeout_s=60",
+    ]
     run_engine(tmp_path, "ddp", *same, "dist.strategy=ddp", prefix=torchrun(2))
     run_engine(tmp_path, "fsdp", *same, "dist.strategy=fsdp", prefix=torchrun(2))
     assert close(losses(tmp_path, "fsdp", "digits"), losses(tmp_path, "ddp", "digits"), TOLERANCE)
     evaluations = [records(tmp_path, n, "eval")[-1] for n in ("fsdp", "ddp")]
     assert evaluations[0]["top1"] == evaluations[1]["top1"]
+    assert evaluations[0]["count"] == evaluations[1]["count"] == 359  # each image once
