@@ -451,7 +451,10 @@ def _parse_value(raw: str, annotation: Any) -> Any:
     if not raw:
         return ""
     if int in _union_args(annotation) and DECIMAL.fullmatch(raw):
-        return int(raw, 10)  # YAML 1.1 reads 010 as octal 8
+        try:
+            return int(raw, 10)  # YAML 1.1 reads 010 as octal 8
+        except ValueError:  # more digits than Python converts: left as text, named as such
+            return raw
     try:
         value = yaml.safe_load(raw)
     except YAML_FAILURES:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine import config as C
@@ -107,6 +107,7 @@ def resolves_or_one_config_error(recipe_yaml=None, overrides=(), sections=DIGITS
 
 @FUZZ
 @given(OVERRIDES)
+@example(["train.epochs=" + "9" * 5000])  # more digits than int() converts
 def test_any_overrides_give_a_config_or_one_config_error(overrides):
     resolves_or_one_config_error(overrides=overrides)
 
