@@ -96,9 +96,7 @@ class Run:
     warned_data_wait: bool = False
     trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
     units_per_sample: int = 0  # the task's units (e.g. tokens) per sample; 0: not declared
-    sharded_checkpoints: bool = (
-        False  # torch.distributed.checkpoint directories (dist.strategy=fsdp)
-    )
+    sharded_checkpoints: bool = False  # DCP directories (dist.strategy=fsdp)
 
 
 # ---------------------------------------------------------------- configuration
@@ -241,7 +239,7 @@ def place_model(model, recipe, cfg, denv, device, accum_steps, dtype, train_data
     file) on the device, wrapped for training: (bare, EMA, train model, eval model, layout).
     Under FSDP a model on the meta device is sharded first and given storage after, so each
     process only ever holds its own shard; a sharded checkpoint is loaded later, with the
-    optimizer."""
+    optimizer (check_format refused a single file)."""
     from_file = source is not None and not source[0].is_dir()
     sharding = P.strategy_for(cfg.dist.strategy, denv) == "fsdp"
     if weights.on_meta(model) and not sharding:
@@ -263,8 +261,6 @@ def place_model(model, recipe, cfg, denv, device, accum_steps, dtype, train_data
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
         weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
-        if from_file:
-            ckpt.load_model_state(model, source[1]["model"], source[0])
         ema = build_ema(model, cfg.ema)
     return model, ema, wrapped, eval_model, layout
 

@@ -236,3 +236,11 @@ def test_a_model_built_with_storage_trains_under_fsdp_like_ddp(tmp_path):
     evaluations = [records(tmp_path, n, "eval")[-1] for n in ("fsdp", "ddp")]
     assert evaluations[0]["top1"] == evaluations[1]["top1"]
     assert evaluations[0]["count"] == evaluations[1]["count"] == 359  # each image once
+
+
+def test_a_single_file_checkpoint_is_not_resumed_sharded_in_one_line(ddp):
+    shutil.copytree(run_dir(ddp, "ddp", "gpt"), run_dir(ddp, "ddp-then-fsdp", "gpt"))
+    out = gpt(ddp, "ddp-then-fsdp", *FSDP, "train.max_steps=12", check=False)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode != 0 and len(errors) == 1, out.stderr
+    assert "is a single file" in errors[0] and "dist.strategy=ddp" in errors[0]
