@@ -220,3 +220,17 @@ def test_the_sweep_chart_draws_the_seeds_mean_and_std(root):
     assert data.finals == finals and data.metric.steps == [22, 24]
     assert data.mean == pytest.approx(statistics.fmean(finals.values()))
     assert data.metric.mean[-1] == pytest.approx(data.mean)  # the last evaluation is the final
+
+
+def test_a_language_model_is_reported_by_its_eval_loss(tmp_path):
+    """The headline comes from summary.json (the recipe's task): eval_loss leads the table."""
+    for name, lr in (("a", "0.002"), ("b", "0.004")):
+        helpers.run_engine(tmp_path, name, "train.max_steps=4", f"optim.lr={lr}", recipe="gpt")
+    folders = [str(tmp_path / "gpt" / n) for n in ("a", "b")]
+    assert runs.headline_metric(runs.read_run(folders[0]).summary, []) == "loss"
+    out = launch("report", *folders)
+    assert out.returncode == 0, out.stderr
+    lines = (tmp_path / "gpt" / "report-a+b.md").read_text().splitlines()
+    columns = [c.strip() for c in next(x for x in lines if x.startswith("| run |")).split("|")]
+    assert columns[1:4] == ["run", "status", "eval_loss"]
+    assert "perplexity" in columns and "headline" not in columns
