@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import checkpoint as ckpt
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
@@ -244,3 +245,17 @@ def test_a_single_file_checkpoint_is_not_resumed_sharded_in_one_line(ddp):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert out.returncode != 0 and len(errors) == 1, out.stderr
     assert "is a single file" in errors[0] and "dist.strategy=ddp" in errors[0]
+
+
+def test_bf16_mixed_precision_keeps_fp32_weights_and_trains_alike(fsdp, tmp_path):
+    """bf16 parameters and compute in each gathered block, fp32 gradient reduction, and
+    fp32 sharded weights that the optimizer updates (and the checkpoint holds)."""
+    gpt(tmp_path, "bf16", *FSDP, "train.amp=bf16")
+    assert close(losses(tmp_path, "bf16"), losses(fsdp, "fsdp"), 1e-2)
+    assert losses(tmp_path, "bf16") != losses(fsdp, "fsdp")  # bf16 did run
+    from engine.checkpoint import sharded
+
+    saved = sharded.model_tensors(
+        run_dir(tmp_path, "bf16", "gpt") / "checkpoints" / "step-00000008"
+    )
+    assert {t.dtype for t in saved.values()} == {torch.float32}
