@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from engine import checkpoint as ckpt
+from engine.config import build_section
+from recipes.gpt.model import ModelConfig, flops_per_token
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -32,6 +35,7 @@ GPT = [
     "data.eval_fraction=0.11",
     "eval.batch_size=400",
     "dist.timeout_s=60",
+    "log.peak_tflops=1",  # a peak for MFU on the CPU
 ]
 FSDP = [*GPT, "dist.strategy=fsdp"]
 TOLERANCE = 1e-5  # float rounding: gradients summed in another order
@@ -44,6 +48,10 @@ def gpt(root, name, *overrides, procs=2, **kwargs):
 
 def losses(root, name, recipe="gpt") -> list[float]:
     return [r["loss"] for r in records(root, name, "train", recipe)]
+
+
+def load_run_config(root, name) -> dict:
+    return yaml.safe_load((run_dir(root, name, "gpt") / "config.yaml").read_text())
 
 
 def final_eval(root, name) -> dict:
@@ -104,6 +112,9 @@ def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert summary["headline"] == "eval_loss" and summary["world_size"] == 2
     train = records(fsdp, "fsdp", "train", "gpt")[-1]
     assert train["tokens_per_s"] == pytest.approx(train["samples_per_s"] * 64)
+    model = build_section("model", ModelConfig, load_run_config(fsdp, "fsdp")["model"])
+    declared = flops_per_token(model, 64) * 64  # the recipe's FLOPs per sample
+    assert train["mfu"] == pytest.approx(train["samples_per_s"] * declared / 2e12)  # 2 x 1 TF
 
 
 def test_a_sharded_checkpoint_resumes_on_two_processes_bitwise(fsdp, stopped):
