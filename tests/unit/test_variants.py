@@ -76,7 +76,7 @@ def test_make_recipes_lists_each_recipe_with_its_variants_and_descriptions():
     lines = done.stdout.splitlines()
     assert any(line.split()[:2] == ["imagenet", "ResNet-50,"] for line in lines)
     variants = {line.split()[0] for line in lines if line.startswith(" ") and line.strip()}
-    assert variants == {"fast", "v2", "budget"}
+    assert variants == {"fast", "v2", "budget", "124m", "1b"}
     assert all(len(line.split()) > 2 for line in lines if line.startswith(" ") and line.strip())
 
 
