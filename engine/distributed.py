@@ -190,6 +190,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest of the ranks' values, on every rank (a collective: call on all ranks)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when the flag is set on any rank (a collective: call on all ranks)."""
     if not dist.is_initialized():

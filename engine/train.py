@@ -488,7 +488,7 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     # FSDP gathers weights from all ranks in every forward pass: all make as many passes
     # as the rank with the most batches (agreed before the first pass; the extra ones are
     # thrown away).
-    passes = most_batches(run, len(loader)) if P.is_sharded(model) else len(loader)
+    passes = D.max_over_ranks(len(loader), device) if P.is_sharded(model) else len(loader)
     for batch in loader:
         if run.cfg.log.sample_ids:
             seen += batch.index.tolist()
@@ -514,13 +514,6 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     result |= run.task.derived(result)
     result["count"] = int(count)
     return result | ({"skipped": int(skipped)} if run.skip_bad else {})
-
-
-def most_batches(run: Run, batches: int) -> int:
-    """The most evaluation batches any rank has (a collective)."""
-    most = torch.tensor([float(batches)], device=run.device)
-    torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-    return int(most.item())
 
 
 def first_sample(run: Run):

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from engine.checkpoint import atomic_save
 from engine.config import ConfigError
+from engine.distributed import gather_objects
 
 META = "meta.pt"
 DCP_METADATA = ".metadata"
@@ -122,9 +123,9 @@ def _together(action: Callable[[], Any], doing: str) -> None:
     except Exception as err:  # any failure must reach the other ranks, not only OSError
         failure = _describe(err, _rank())
         if not isinstance(err, OSError):
-            _gather(failure)
+            gather_objects(failure)
             raise
-    failures = [f for f in _gather(failure) if f is not None]
+    failures = [f for f in gather_objects(failure) if f is not None]
     if failures:
         code, rank, reason = failures[0]
         message = f"{reason} (rank {rank}, {doing})"
@@ -161,14 +162,6 @@ def _dcp(function, state: dict, path: Path, no_dist: bool | None = None):
         if no_dist:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         return function(state, checkpoint_id=path, no_dist=no_dist)
-
-
-def _gather(obj) -> list:
-    if not _distributed():
-        return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def _distributed() -> bool:
@@ -225,7 +218,7 @@ def _read_checked(path: Path, model_state: dict[str, Any]) -> dict[str, Any]:
             f"{path} is not a complete sharded checkpoint (no {DCP_METADATA} or {META}); "
             "check resume=<path>"
         )
-    saved = _model_shapes(read_metadata(path).state_dict_metadata)
+    saved = {k: tuple(item.size) for k, item in _model_items(read_metadata(path)).items()}
     wanted = {k: tuple(v.shape) for k, v in model_state.items() if isinstance(v, torch.Tensor)}
     missing = sorted(wanted.keys() - saved.keys())
     unexpected = sorted(saved.keys() - wanted.keys())
@@ -247,10 +240,11 @@ def _read_checked(path: Path, model_state: dict[str, Any]) -> dict[str, Any]:
     return read_meta(path)
 
 
-def _model_shapes(metadata: dict) -> dict[str, tuple[int, ...]]:
+def _model_items(metadata) -> dict[str, TensorStorageMetadata]:
+    """The saved model tensors' global size and dtype, by name (no `model.` prefix)."""
     return {
-        key[len("model.") :]: tuple(item.size)
-        for key, item in metadata.items()
+        key[len("model.") :]: item
+        for key, item in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
     }
 
@@ -262,7 +256,7 @@ def _agreed_config(action: Callable[[], Any]) -> Any:
         result = action()
     except ConfigError as err:
         error = str(err)
-    errors = [e for e in _gather(error) if e is not None]
+    errors = [e for e in gather_objects(error) if e is not None]
     if errors:
         raise ConfigError(errors[0])
     return result
@@ -271,11 +265,9 @@ def _agreed_config(action: Callable[[], Any]) -> Any:
 def model_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The whole model state of a sharded checkpoint, unsharded, in this process (no model,
     no process group): CPU tensors named as in the model (no `model.` prefix)."""
-    metadata = read_metadata(path).state_dict_metadata
     templates = {
-        key[len("model.") :]: torch.empty(tuple(item.size), dtype=item.properties.dtype)
-        for key, item in metadata.items()
-        if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
+        name: torch.empty(tuple(item.size), dtype=item.properties.dtype)
+        for name, item in _model_items(read_metadata(path)).items()
     }
     state = {"model": templates}
     _dcp(dcp.load, state, Path(path), no_dist=True)
