@@ -14,6 +14,7 @@ Fields the engine reads by name when a recipe's config has them:
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from engine.config import ConfigError
+from engine.config import Config, ConfigError, merge, read_yaml, resolve
 from engine.tasks import Classification
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -59,29 +60,37 @@ class Recipe:
     units_per_sample: Callable[[Any], int] | None = None
 
 
-def available() -> list[str]:
-    return sorted(p.parent.name for p in RECIPES_DIR.glob("*/config.yaml"))
+def available(folder: Path = RECIPES_DIR) -> list[str]:
+    """The recipes: folders under `folder` holding a config.yaml."""
+    return sorted(p.parent.name for p in folder.glob("*/config.yaml"))
 
 
-def config_path(name: str) -> Path:
-    path = RECIPES_DIR / name / "config.yaml"
+def config_path(name: str, folder: Path = RECIPES_DIR) -> Path:
+    path = folder / name / "config.yaml"
     if not name.isidentifier() or not path.exists():
-        raise ConfigError(f"unknown recipe '{name}'; available: {', '.join(available())}")
+        raise ConfigError(f"unknown recipe '{name}'; available: {', '.join(available(folder))}")
     return path
 
 
-def variants(name: str) -> list[str]:
+def variants(name: str, folder: Path = RECIPES_DIR) -> list[str]:
     """The recipe's named configs besides config.yaml, sorted."""
-    folder = config_path(name).parent
-    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "config")
+    recipe_dir = config_path(name, folder).parent
+    return sorted(p.stem for p in recipe_dir.glob("*.yaml") if p.stem != "config")
 
 
-def variant_path(name: str, variant: str) -> Path:
-    known = variants(name)
+def variant_path(name: str, variant: str, folder: Path = RECIPES_DIR) -> Path:
+    known = variants(name, folder)
     if variant not in known:
         have = ", ".join(known) if known else "none (only config.yaml)"
         raise ConfigError(f"recipe '{name}' has no variant '{variant}'; available: {have}")
-    return RECIPES_DIR / name / f"{variant}.yaml"
+    return folder / name / f"{variant}.yaml"
+
+
+def layered_yaml(name: str, variant: str = "", folder: Path = RECIPES_DIR) -> dict[str, Any]:
+    """config.yaml with the variant's file layered on it: the recipe's part of a config,
+    before the engine's defaults and the overrides (what launch reads for `slurm:`)."""
+    base = read_yaml(config_path(name, folder))
+    return merge(base, read_yaml(variant_path(name, variant, folder))) if variant else base
 
 
 def default_data_root(name: str, recipes_data: str | None) -> str:
@@ -94,3 +103,15 @@ def default_data_root(name: str, recipes_data: str | None) -> str:
 def load(name: str) -> Recipe:
     config_path(name)
     return importlib.import_module(f"recipes.{name}.recipe").RECIPE
+
+
+def load_config(name: str, overrides: list[str], variant: str = "") -> tuple[Config, Recipe]:
+    """engine defaults < config.yaml < the variant's yaml < overrides; data.root resolved."""
+    recipe_yaml = read_yaml(config_path(name))
+    variant_yaml = read_yaml(variant_path(name, variant)) if variant else {}
+    recipe = load(name)
+    sections = {"model": recipe.model_config, "data": recipe.data_config}
+    cfg = resolve(name, recipe_yaml, overrides, sections, variant, variant_yaml)
+    if getattr(cfg.data, "root", None) == "":
+        cfg.data.root = default_data_root(name, os.environ.get("RECIPES_DATA"))
+    return cfg, recipe

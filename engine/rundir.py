@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -21,6 +22,13 @@ from engine.config import ConfigError
 LOCK_NAME = ".lock"
 TEMP_GLOB = ".step-*.tmp"  # checkpoint.atomic_save's partial files
 PARTIAL_DIR_GLOBS = (".step-*.partial", ".step-*.old")  # checkpoint.sharded's directories
+
+
+def new_run_name(recipe: str, variant: str = "") -> str:
+    """A new name per launch: time stamp, recipe (and variant), and a random suffix (two
+    launches in the same second never share a run directory)."""
+    what = f"{recipe}-{variant}" if variant else recipe
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-{secrets.token_hex(2)}"
 
 
 def holds_a_run(run_dir: Path) -> bool:

@@ -102,24 +102,6 @@ class Run:
 # ---------------------------------------------------------------- configuration
 
 
-def load_config(
-    recipe_name: str, overrides: list[str], variant: str = ""
-) -> tuple[C.Config, R.Recipe]:
-    """engine defaults < config.yaml < the variant's yaml < overrides; data.root resolved."""
-    recipe_yaml = C.read_yaml(R.config_path(recipe_name))
-    variant_yaml = C.read_yaml(R.variant_path(recipe_name, variant)) if variant else {}
-    recipe = R.load(recipe_name)
-    sections = {"model": recipe.model_config, "data": recipe.data_config}
-    cfg = C.resolve(recipe_name, recipe_yaml, overrides, sections, variant, variant_yaml)
-    if getattr(cfg.data, "root", None) == "":
-        cfg.data.root = R.default_data_root(recipe_name, os.environ.get("RECIPES_DATA"))
-    return cfg, recipe
-
-
-def new_run_name(recipe: str) -> str:
-    return time.strftime("%Y%m%d-%H%M%S-") + recipe + f"-{os.getpid() % 10000:04d}"
-
-
 def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
     if mode == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
@@ -823,7 +805,7 @@ def train(cfg: C.Config, recipe: R.Recipe) -> int:
     D.init(denv, cfg.dist, device)
     run = None
     try:
-        name = D.broadcast_object(cfg.run.name or new_run_name(cfg.recipe))
+        name = D.broadcast_object(cfg.run.name or rundir.new_run_name(cfg.recipe, cfg.variant))
         cfg.run.name = name
         run = setup(cfg, recipe, denv, device)
         reason = fit_or_explain(run)
@@ -948,14 +930,16 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(os.umask(0) | 0o022)  # nothing the run writes is writable by others
     try:
         recipe_name, variant, overrides, spawn = parse_argv(argv)
-        cfg, recipe = load_config(recipe_name, overrides, variant)
+        cfg, recipe = R.load_config(recipe_name, overrides, variant)
         denv = D.read_env()  # a half-set environment is a user error too
         preflight(cfg, spawn if spawn > 1 else denv.world_size)
         if spawn > 1:
             from engine.spawn import spawn_local
 
             head = [recipe_name, *(["--config", variant] if variant else [])]
-            return spawn_local(spawn, head, overrides, cfg.run.name or new_run_name(recipe_name))
+            return spawn_local(
+                spawn, head, overrides, cfg.run.name or rundir.new_run_name(recipe_name, variant)
+            )
         preempt.install_handlers()
         return train(cfg, recipe)
     except C.ConfigError as err:

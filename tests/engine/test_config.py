@@ -8,7 +8,7 @@ import yaml
 
 from engine import config as C
 from engine import recipe as R
-from engine.train import load_config
+from engine.recipe import load_config
 from tests.helpers import REPO, engine_env, run_dir, run_engine
 
 

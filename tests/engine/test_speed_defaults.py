@@ -14,8 +14,9 @@ from torch import nn
 from engine import distributed as D
 from engine.config import ConfigError, OptimConfig
 from engine.optim import implementation
+from engine.recipe import load_config
 from engine.speed import flops_per_sample, memory_format
-from engine.train import Progress, load_config, run_eval, setup, train_epoch
+from engine.train import Progress, run_eval, setup, train_epoch
 from tests.helpers import records, run_engine
 
 QUIET = ["log.wandb=off", "log.progress=off", "device=cpu"]
