@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from engine import distributed as D
-from engine.recipe import Recipe, load_config
+from engine.catalog import load_config
+from engine.recipe import Recipe
 from engine.train import Run, setup, train_epoch
 
 

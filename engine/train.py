@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine import catalog as R
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
 from engine import parallel as P
 from engine import preempt, rundir
-from engine import recipe as R
 from engine.data.loaders import eval_loader, train_loader
 from engine.data.mix import BatchMix, build_mix
 from engine.data.sampler import GlobalBatchSampler, plan_batches
@@ -30,6 +30,7 @@ from engine.ema import build_ema, ema_state, load_ema_state, update_ema
 from engine.faults import RunError, inject_after_step, save_pause, slow_data
 from engine.optim import build_optimizer, build_scheduler
 from engine.parallel import weights
+from engine.recipe import Recipe
 from engine.seeding import derive_seed, rng_state, seed_process, set_deterministic, set_rng_state
 from engine.speed import (
     flops_per_sample,
@@ -122,7 +123,7 @@ def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:
     return path, ckpt.load(path)
 
 
-def build_datasets(cfg: C.Config, recipe: R.Recipe):
+def build_datasets(cfg: C.Config, recipe: Recipe):
     """Rank 0 first (it scans and caches file indexes; the others then read them), and the
     model's class count from the data when model.num_classes is 0."""
     train_data, eval_data = D.main_first(lambda: recipe.build_datasets(cfg.data))
@@ -137,7 +138,7 @@ def build_datasets(cfg: C.Config, recipe: R.Recipe):
     return train_data, eval_data
 
 
-def setup(cfg: C.Config, recipe: R.Recipe, denv: D.DistEnv, device: torch.device) -> Run:
+def setup(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device) -> Run:
     run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
     mode = "off" if not denv.is_main else wandb_mode(cfg.log)
     plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
@@ -258,7 +259,7 @@ def check_format(cfg: C.Config, denv: D.DistEnv, path: Path) -> None:
     )
 
 
-def mfu_inputs(recipe: R.Recipe, cfg: C.Config, device: torch.device, world_size: int) -> dict:
+def mfu_inputs(recipe: Recipe, cfg: C.Config, device: torch.device, world_size: int) -> dict:
     """The devices' peak and the FLOPs per sample (the recipe's declared count, else counted);
     counted only where a peak is known (no MFU on CPU), so a run without one spends no
     start-up time on them."""
@@ -796,7 +797,7 @@ def metric_names(result: dict) -> list[str]:
 # ---------------------------------------------------------------- entry points
 
 
-def train(cfg: C.Config, recipe: R.Recipe) -> int:
+def train(cfg: C.Config, recipe: Recipe) -> int:
     started = time.perf_counter()
     denv = D.read_env()
     D.limit_threads(denv)

@@ -6,9 +6,9 @@ import typing
 import pytest
 import yaml
 
+from engine import catalog as R
 from engine import config as C
-from engine import recipe as R
-from engine.recipe import load_config
+from engine.catalog import load_config
 from tests.helpers import REPO, engine_env, run_dir, run_engine
 
 

@@ -14,8 +14,8 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from engine import catalog as R
 from engine import config as C
-from engine import recipe as R
 from tests.engine.test_config import leaf_fields
 from tests.helpers import REPO, engine_env
 

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from engine import distributed as D
+from engine.catalog import load_config
 from engine.config import ConfigError, OptimConfig
 from engine.optim import implementation
-from engine.recipe import load_config
 from engine.speed import flops_per_sample, memory_format
 from engine.train import Progress, run_eval, setup, train_epoch
 from tests.helpers import records, run_engine

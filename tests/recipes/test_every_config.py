@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from engine.recipe import RECIPES_DIR
+from engine.catalog import RECIPES_DIR
 from tests.datagen_cifar import write_cifar_batches
 from tests.datagen_images import write_image_folder
 from tests.helpers import records, run_dir, run_engine

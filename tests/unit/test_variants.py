@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from engine import config as C
-from engine.recipe import load_config
+from engine.catalog import load_config
 from tests.helpers import REPO, engine_env
 from tests.unit.test_launch_cli import clean_env, launch, one_line
 
