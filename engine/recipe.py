@@ -24,6 +24,11 @@ from torch.utils.data import Dataset
 from engine.tasks import Classification
 
 
+def flip_width(images: torch.Tensor) -> torch.Tensor:
+    """Images [..., H, W] mirrored left to right: a Recipe.mirror for image recipes."""
+    return images.flip(-1)
+
+
 @dataclass(frozen=True)
 class Recipe:
     model_config: type
@@ -51,3 +56,13 @@ class Recipe:
     flops_per_sample: Callable[[Any, Any], float] | None = None
     # Units of the task (e.g. tokens) per sample from the data config: logged as <unit>_per_s.
     units_per_sample: Callable[[Any], int] | None = None
+    # The mirror image of an input batch, as likely as the batch itself (e.g. images flipped
+    # left to right): eval.hflip_tta averages the predictions of both. None: the inputs have
+    # no such view (tokens, features) and eval.hflip_tta is refused.
+    mirror: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # Another setting that feeds the device faster, named when the loader starves it
+    # (e.g. "data.decode=gpu"); "": only workers and storage are suggested.
+    faster_input: str = ""
+    # The recipe's config keys a resumed run may change without changing what it trains
+    # (e.g. "data.download"); the engine's own such keys are in engine.checkpoint.state.
+    resume_safe: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 from torch import nn
 
-from engine.recipe import Recipe
+from engine.recipe import Recipe, flip_width
 from recipes.cifar10.data import DataConfig, build_datasets, normalised
 from recipes.cifar10.model import ModelConfig, Whiten, build_model, whiten_init
 
@@ -19,4 +19,6 @@ RECIPE = Recipe(
     build_datasets=build_datasets,
     sample_shape=lambda data: (3, 32, 32),
     prepare=prepare,
+    mirror=flip_width,
+    resume_safe=("data.download",),
 )

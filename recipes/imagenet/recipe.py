@@ -1,4 +1,4 @@
-from engine.recipe import Recipe
+from engine.recipe import Recipe, flip_width
 from recipes.imagenet.data import DataConfig, build_datasets
 from recipes.imagenet.model import ModelConfig, build_model
 
@@ -8,4 +8,6 @@ RECIPE = Recipe(
     data_config=DataConfig,
     build_datasets=build_datasets,
     sample_shape=lambda data: (3, data.augment.train_size, data.augment.train_size),
+    mirror=flip_width,
+    faster_input="data.decode=gpu",
 )
