@@ -8,8 +8,8 @@ make_params, then the flip's draw), and applied with the same functions, so on t
 batches are bitwise those of `decode: cpu` for the same seeds. On CUDA, nvJPEG's IDCT and the
 resize's float kernels round differently from libjpeg-turbo and the CPU's uint8 resize.
 
-Files the device is not given: whatever PIL's header does not show as a colour JPEG (the PNG
-named .JPEG in ImageNet, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,
+Files the device is not given: whatever PIL's header does not show as a colour JPEG (PNGs
+named .JPEG, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,
 most likely) are decoded in the worker as `decode: cpu` does, and travel decoded in the same
 batch; unreadable files raise BadSample there, so data.skip_bad works as with `decode: cpu`.
 A file whose header reads but whose body fails on the device stops the run with a DataError

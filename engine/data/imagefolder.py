@@ -1,9 +1,10 @@
-"""ImageNet's folder layout, `<root>/train/<class>/*.JPEG` and `<root>/val/<class>/*.JPEG`
-(classes are the sorted folder names): a cached index of the files, the layout's one-line
-errors, and a dataset that decodes each file to a uint8 RGB tensor.
+"""The class-folder layout of image datasets, `<root>/train/<class>/*` and
+`<root>/val/<class>/*` (classes are the sorted folder names): a cached index of the files,
+the layout's one-line errors (worded with the recipe's own FolderHelp: what the data is,
+where to get it, how to sort it), and a dataset that decodes each file to a uint8 RGB tensor.
 
-Listing 1.28M files takes from seconds (local disk) to minutes (network file systems), so the
-index is cached as JSON and reused while the split's folders are unchanged: adding, removing
+Listing a million files takes from seconds (local disk) to minutes (network file systems), so
+the index is cached as JSON and reused while the split's folders are unchanged: adding, removing
 or renaming a file changes its class folder's mtime, adding or removing a class the split's."""
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ CACHE_FORMAT = 1
 # A folder changed less than this before the scan may change again within the same mtime tick
 # (coarse on some file systems) without its mtime showing it; such an index is not cached.
 SETTLE_NS = 2_000_000_000
-GET_IMAGENET = (
-    "get ImageNet from image-net.org, with val/ sorted into class folders "
-    "(e.g. by the valprep.sh script)"
-)
 
 # torchvision 0.29 deprecates its decoders for torchcodec's; the warning would print once per
 # loader worker of every run. decode_image still does the job (see ImageFiles).
@@ -169,15 +166,31 @@ def load_index(split_dir: Path, cache_dir: Path | None = None) -> FolderIndex:
     return index
 
 
-def check_layout(root: Path) -> None:
+@dataclass(frozen=True)
+class FolderHelp:
+    """The recipe's words in the layout's errors: what the data is (`name`), the files' pattern
+    in a class folder (`files`), where to get it (`source`) and how to sort a split that has no
+    class folders (`sort`), e.g. a validation set downloaded flat. Empty: left out."""
+
+    name: str = "the data"
+    files: str = "*"
+    source: str = ""
+    sort: str = ""
+
+
+PLAIN = FolderHelp()
+
+
+def check_layout(root: Path, help_text: FolderHelp = PLAIN) -> None:
     """The data root, its train/ and val/ and their class folders exist (a few directory
-    listings, no file reads). Empty class folders are found from the index (imagenet_indexes),
+    listings, no file reads). Empty class folders are found from the index (folder_indexes),
     which has listed them anyway."""
     root = Path(root)
-    layout = f"{root}/train/<class>/*.JPEG and {root}/val/<class>/*.JPEG"
+    layout = f"{root}/train/<class>/{help_text.files} and {root}/val/<class>/{help_text.files}"
     if not root.is_dir():
+        source = f" ({help_text.source})" if help_text.source else ""
         raise DataError(
-            f"data root {root} not found: put ImageNet there as {layout} ({GET_IMAGENET}), "
+            f"data root {root} not found: put {help_text.name} there as {layout}{source}, "
             "or set data.root to where it is"
         )
     for split in ("train", "val"):
@@ -185,9 +198,10 @@ def check_layout(root: Path) -> None:
         if not split_dir.is_dir():
             raise DataError(f"{split_dir} not found: the data must be laid out as {layout}")
         if not _class_names(split_dir):
+            sort = f" ({help_text.sort})" if help_text.sort else ""
             raise DataError(
-                f"{split_dir} has no class folders: its images must be in {split_dir}/<class>/ "
-                "(val/ as downloaded is flat: sort it into class folders, e.g. by valprep.sh)"
+                f"{split_dir} has no class folders: its images must be in {split_dir}/<class>/"
+                f"{sort}"
             )
 
 
@@ -219,10 +233,13 @@ def _check_classes(root: Path, train: FolderIndex, val: FolderIndex) -> None:
         )
 
 
-def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderIndex, FolderIndex]:
-    """The (train, val) indexes of an ImageNet-layout data root, or a one-line DataError."""
+def folder_indexes(
+    root: Path, cache_dir: Path | None = None, help_text: FolderHelp = PLAIN
+) -> tuple[FolderIndex, FolderIndex]:
+    """The (train, val) indexes of a class-folder data root, or a one-line DataError worded
+    with the recipe's help_text."""
     root = Path(root)
-    check_layout(root)
+    check_layout(root, help_text)
     train, val = load_index(root / "train", cache_dir), load_index(root / "val", cache_dir)
     _check_classes(root, train, val)
     return train, val

@@ -13,9 +13,18 @@ from torch.utils.data import Dataset
 
 from engine.config import bounded
 from engine.data.gpu_decode import DeviceDecodedFiles, check_augment
-from engine.data.imagefolder import ImageFiles, imagenet_indexes
+from engine.data.imagefolder import FolderHelp, FolderIndex, ImageFiles, folder_indexes
 from engine.data.images import ImageAugment, TrainTransform, eval_transform
 from engine.data.synthetic import SyntheticImages
+
+# What the layout's errors tell a user who has no ImageNet at data.root yet.
+HELP = FolderHelp(
+    name="ImageNet",
+    files="*.JPEG",
+    source="get ImageNet from image-net.org, with val/ sorted into class folders "
+    "(e.g. by the valprep.sh script)",
+    sort="val/ as downloaded is flat: sort it into class folders, e.g. by valprep.sh",
+)
 
 
 @dataclass
@@ -32,6 +41,12 @@ class DataConfig:
     synthetic_val: int = bounded(50_000, ge=1)
     synthetic_classes: int = bounded(1000, ge=1)
     augment: ImageAugment = field(default_factory=ImageAugment)
+
+
+def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderIndex, FolderIndex]:
+    """The (train, val) indexes of ImageNet at root, or a one-line DataError saying where to
+    get it and how to lay it out."""
+    return folder_indexes(root, cache_dir, HELP)
 
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:

@@ -12,7 +12,7 @@ from bench.jpegs import write_jpeg_folder
 from engine.config import ConfigError, LoaderConfig
 from engine.data.errors import DataError
 from engine.data.gpu_decode import DeviceDecodedFiles, EncodedBatch
-from engine.data.imagefolder import ImageFiles, imagenet_indexes
+from engine.data.imagefolder import ImageFiles, folder_indexes
 from engine.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -56,7 +56,7 @@ def data(tmp_path_factory) -> Path:
 
 def datasets(root: Path, aug: ImageAugment = AUG, train: bool = True):
     """The same split as decode=cpu and decode=gpu datasets."""
-    index = imagenet_indexes(root)[0 if train else 1]
+    index = folder_indexes(root)[0 if train else 1]
     cpu = ImageFiles(index, TrainTransform(aug) if train else eval_transform(aug))
     return cpu, DeviceDecodedFiles(index, aug, train)
 
@@ -160,7 +160,7 @@ def test_a_file_failing_on_the_device_stops_with_one_line_naming_it(tmp_path):
 
 def test_the_device_normalises_as_to_dtype_and_normalize_did_and_erasing_is_the_mean(data):
     erasing = TrainTransform(ImageAugment(train_size=64, random_erasing=1.0))
-    cpu = ImageFiles(imagenet_indexes(data)[0], erasing)
+    cpu = ImageFiles(folder_indexes(data)[0], erasing)
     (batch, *_) = train_batches(cpu, seed=0, epoch=0)
     x = batch.x
     reference = v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)(v2.ToDtype(torch.float32, scale=True)(x))
@@ -172,7 +172,7 @@ def test_the_device_normalises_as_to_dtype_and_normalize_did_and_erasing_is_the_
 
 @pytest.mark.parametrize("option", [{"trivial_augment": True}, {"random_erasing": 0.25}])
 def test_per_sample_cpu_augmentations_are_refused(data, option):
-    index = imagenet_indexes(data)[0]
+    index = folder_indexes(data)[0]
     with pytest.raises(ConfigError, match="data.decode=gpu cannot apply") as err:
         DeviceDecodedFiles(index, ImageAugment(**option), train=True)
     assert "\n" not in str(err.value)

@@ -13,12 +13,14 @@ from torchvision.transforms import v2
 from engine.data import imagefolder
 from engine.data.errors import BadSample, DataError
 from engine.data.imagefolder import (
+    FolderHelp,
     FolderIndex,
     ImageFiles,
-    imagenet_indexes,
+    folder_indexes,
     load_index,
     scan_split,
 )
+from recipes.imagenet.data import imagenet_indexes
 from tests.datagen_images import (
     jpeg_bytes,
     plant_empty_file,
@@ -245,6 +247,33 @@ def test_each_layout_error_is_one_line_naming_the_path(case, data):
     assert str(path) in message or str(path.resolve()) in message
     for words in STRUCTURAL[case]:
         assert words in message
+
+
+def test_the_layout_errors_take_the_recipes_words_and_name_no_dataset_without_them(data):
+    """The engine's module words the errors plainly; a recipe says what its data is, where to
+    get it and how to sort it (the imagenet recipe: the cases above)."""
+    shutil.rmtree(data)
+    with pytest.raises(DataError) as err:
+        folder_indexes(data)
+    assert str(err.value) == (
+        f"data root {data} not found: put the data there as {data}/train/<class>/* and "
+        f"{data}/val/<class>/*, or set data.root to where it is"
+    )
+    flowers = FolderHelp("Flowers-102", "*.jpg", "see recipes/flowers/README.md", "sort it")
+    with pytest.raises(DataError) as err:
+        folder_indexes(data, help_text=flowers)
+    assert str(err.value) == (
+        f"data root {data} not found: put Flowers-102 there as {data}/train/<class>/*.jpg and "
+        f"{data}/val/<class>/*.jpg (see recipes/flowers/README.md), or set data.root to where "
+        "it is"
+    )
+    (data / "train" / "a").mkdir(parents=True)
+    (data / "val").mkdir()
+    with pytest.raises(DataError) as err:
+        folder_indexes(data)
+    assert str(err.value).endswith(f"its images must be in {data}/val/<class>/")
+    with pytest.raises(DataError, match=r"val/<class>/ \(sort it\)$"):
+        folder_indexes(data, help_text=flowers)
 
 
 def test_layout_errors_come_from_a_cached_index_too(data):
