@@ -66,3 +66,8 @@ class Recipe:
     # The recipe's config keys a resumed run may change without changing what it trains
     # (e.g. "data.download"); the engine's own such keys are in engine.checkpoint.state.
     resume_safe: tuple[str, ...] = ()
+    # example_data(root: Path) writes a small dataset in the recipe's real file format under a
+    # data root (a few samples a class, seconds to write): the tests train every config on it
+    # with data.root=root, and a user can try the recipe before the download. None: the recipe
+    # reads no files (its data ships with a package or is generated).
+    example_data: Callable[..., None] | None = None
