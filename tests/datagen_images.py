@@ -1,5 +1,6 @@
-"""Small ImageNet-layout folders of real JPEG files for the tests, and the bad files a real
-dataset holds (not an image, truncated, empty, a PNG or CMYK JPEG under a .JPEG name)."""
+"""Small ImageNet-layout folders of real JPEG files for the tests (the imagenet recipe's own
+example data, recipes/imagenet/example.py, settled), and the bad files a real dataset holds
+(not an image, truncated, empty, a PNG or CMYK JPEG under a .JPEG name)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,26 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from recipes.imagenet import example
+from recipes.imagenet.example import picture, wnid
 
-def wnid(k: int) -> str:
-    return f"n{k:08d}"
-
-
-def _picture(rng: np.random.Generator, colour: np.ndarray, size: tuple[int, int]) -> Image.Image:
-    """A class colour with noise, at a size within ±20% of size (height, width)."""
-    h, w = (int(s * rng.uniform(0.8, 1.2)) for s in size)
-    pixels = colour + rng.normal(0, 25, (h, w, 3))
-    return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+__all__ = [
+    "jpeg_bytes",
+    "plant_empty_file",
+    "plant_jpeg",
+    "plant_not_an_image",
+    "plant_png_as_jpeg",
+    "plant_truncated_jpeg",
+    "settle",
+    "wnid",
+    "write_image_folder",
+]
 
 
 def jpeg_bytes(size: tuple[int, int] = (40, 48), seed: int = 0, mode: str = "RGB") -> bytes:
     rng = np.random.default_rng(seed)
     out = io.BytesIO()
-    _picture(rng, rng.uniform(0, 255, 3), size).convert(mode).save(out, format="JPEG")
+    picture(rng, rng.uniform(0, 255, 3), size).convert(mode).save(out, format="JPEG")
     return out.getvalue()
 
 
@@ -46,20 +51,10 @@ def write_image_folder(
     size: tuple[int, int] = (40, 48),
     seed: int = 0,
 ) -> Path:
-    """root/train/<wnid>/<wnid>_<i>.JPEG and root/val/<wnid>/ILSVRC2012_val_<n>.JPEG, each
-    class in its own colour (learnable), sizes (height, width) varying around size."""
-    rng = np.random.default_rng(seed)
-    colours = rng.uniform(0, 255, (classes, 3))
-    val_number = 0
-    for k in range(classes):
-        train_dir, val_dir = root / "train" / wnid(k), root / "val" / wnid(k)
-        train_dir.mkdir(parents=True)
-        val_dir.mkdir(parents=True)
-        for i in range(train_per_class):
-            _picture(rng, colours[k], size).save(train_dir / f"{wnid(k)}_{i}.JPEG")
-        for _ in range(val_per_class):
-            val_number += 1
-            _picture(rng, colours[k], size).save(val_dir / f"ILSVRC2012_val_{val_number:08d}.JPEG")
+    """The imagenet recipe's example data (root/train/<wnid>/<wnid>_<i>.JPEG and
+    root/val/<wnid>/ILSVRC2012_val_<n>.JPEG, each class in its own colour, sizes (height,
+    width) varying around size), settled so that its index is cached; returns root."""
+    example.write_image_folder(root, classes, train_per_class, val_per_class, size, seed)
     settle(root)
     return root
 

@@ -2,6 +2,7 @@ from torch import nn
 
 from engine.recipe import Recipe, flip_width
 from recipes.cifar10.data import DataConfig, build_datasets, normalised
+from recipes.cifar10.example import write_example
 from recipes.cifar10.model import ModelConfig, Whiten, build_model, whiten_init
 
 WHITEN_IMAGES = 5000  # as airbench: enough for a stable 12x12 patch covariance
@@ -21,4 +22,5 @@ RECIPE = Recipe(
     prepare=prepare,
     mirror=flip_width,
     resume_safe=("data.download",),
+    example_data=write_example,
 )

@@ -1,5 +1,6 @@
 from engine.recipe import Recipe, flip_width
 from recipes.imagenet.data import DataConfig, build_datasets
+from recipes.imagenet.example import write_example
 from recipes.imagenet.model import ModelConfig, build_model
 
 RECIPE = Recipe(
@@ -10,4 +11,5 @@ RECIPE = Recipe(
     sample_shape=lambda data: (3, data.augment.train_size, data.augment.train_size),
     mirror=flip_width,
     faster_input="data.decode=gpu",
+    example_data=write_example,
 )
