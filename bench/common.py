@@ -18,7 +18,9 @@ from torch import nn
 from engine import distributed as D
 from engine.catalog import load_config
 from engine.recipe import Recipe
-from engine.train import Run, setup, train_epoch
+from engine.run import Run
+from engine.setup import setup
+from engine.train import train_epoch
 
 
 def result(

@@ -54,11 +54,15 @@ def implementation(
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, batch_size: int, device: torch.device
+    model: nn.Module,
+    cfg: OptimConfig,
+    batch_size: int,
+    device: torch.device,
+    sharded: bool = False,
 ) -> torch.optim.Optimizer:
+    """sharded: the parameters are FSDP's DTensor shards (Strategy.shards)."""
     lr = base_lr(cfg, batch_size)
     groups = param_groups(model, cfg, lr)
-    sharded = any(hasattr(p, "device_mesh") for p in model.parameters())  # DTensors (FSDP)
     flags = implementation(cfg, device, sharded)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)

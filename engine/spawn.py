@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.multiprocessing as mp
@@ -19,7 +20,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int) -> None:
+def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int, entry) -> None:
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -29,10 +30,8 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
         OMP_NUM_THREADS=str(threads),
     )
     torch.set_num_threads(threads)
-    from engine.train import main
-
     try:
-        code = main(argv)
+        code = entry(argv)
     except Exception as err:
         # torch reports the first process it finds dead, often a peer that lost its
         # connection; every failing rank says its own cause, so the real one is never hidden.
@@ -61,9 +60,12 @@ def _pass_signals_on(ctx) -> None:
         signal.signal(sig, forward)
 
 
-def spawn_local(n: int, head: list[str], overrides: list[str], run_name: str) -> int:
-    """The parent picks the run name and port so every child agrees on them. `head` is the
-    recipe and its variant option, as given."""
+def spawn_local(
+    n: int, entry: Callable[[list[str]], int], head: list[str], overrides: list[str], run_name: str
+) -> int:
+    """Run entry(argv) (the engine's command line) in n processes. The parent picks the run
+    name and port so every child agrees on them. `head` is the recipe and its variant
+    option, as given."""
     argv = [
         *head,
         *[o for o in overrides if not o.startswith("run.name=")],
@@ -71,7 +73,11 @@ def spawn_local(n: int, head: list[str], overrides: list[str], run_name: str) ->
     ]
     threads = max(1, (os.cpu_count() or 1) // n)
     ctx = mp.start_processes(
-        _child, args=(n, free_port(), argv, threads), nprocs=n, join=False, start_method="spawn"
+        _child,
+        args=(n, free_port(), argv, threads, entry),
+        nprocs=n,
+        join=False,
+        start_method="spawn",
     )
     _pass_signals_on(ctx)
     try:

@@ -9,6 +9,7 @@ divided by the total count: exact, whatever the world size, and with each sample
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -16,13 +17,63 @@ import torch.nn.functional as F
 IGNORE = -100  # targets at this value count for nothing (cross_entropy's ignore_index)
 
 
-class Classification:
-    """Cross entropy over class logits [B, C]; top-1 and top-5 accuracy."""
+@runtime_checkable
+class Task(Protocol):
+    """What the engine needs from a recipe's task. Every task in engine.tasks satisfies it
+    (tests/engine/test_tasks.py checks each recipe's)."""
 
-    metrics = ("loss", "top1", "top5")
+    metrics: tuple[str, ...]  # evaluation's per-sample sums, divided by the summed count
+    headline: str  # the metric a run is judged by (one of metrics or derived's keys)
+    higher_is_better: bool  # the headline's direction: reports rank runs by it
+    unit: str  # what count() counts ("samples", "tokens"): logged as <unit>_per_s
+
+    def for_model(self, model_config: Any) -> Task:
+        """The task for this run's model config (e.g. its class count); called once at set-up."""
+        ...
+
+    def count(self, target: torch.Tensor) -> torch.Tensor | None:
+        """Units in the targets; None: one per sample (no reduction needed to know the total)."""
+        ...
+
+    def train_loss(
+        self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float
+    ) -> torch.Tensor:
+        """The loss summed over the units; the engine divides by the global count."""
+        ...
+
+    def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-sample sums of each metric, each of shape [B], and `count`, units per sample."""
+        ...
+
+    def derived(self, means: dict[str, float]) -> dict[str, float]:
+        """Metrics computed from the means (perplexity from the loss)."""
+        ...
+
+    def describe(self, result: dict) -> str:
+        """An evaluation result in one line for the log."""
+        ...
+
+
+class Classification:
+    """Cross entropy over class logits [B, C]; top-1 accuracy, and top-5 where there are more
+    than 5 classes (with 5 or fewer it is always 100%)."""
+
     headline = "top1"
     higher_is_better = True
     unit = "samples"
+    TOP_K = 5
+
+    def __init__(self, num_classes: int = 0):
+        self.num_classes = num_classes  # 0: not known (top-5 is reported)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        top_k = not self.num_classes or self.num_classes > self.TOP_K
+        return ("loss", "top1", "top5") if top_k else ("loss", "top1")
+
+    def for_model(self, model_config: Any) -> Classification:
+        """model.num_classes, an engine-read field, after the data has resolved a 0."""
+        return Classification(getattr(model_config, "num_classes", 0) or self.num_classes)
 
     def count(self, target: torch.Tensor) -> torch.Tensor | None:
         """Units in the targets; None: one per sample (no reduction needed to know the total)."""
@@ -36,23 +87,22 @@ class Classification:
 
     def eval_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-sample sums, each of shape [B], and `count`, the units each sample holds."""
-        k = min(5, output.shape[-1])
+        k = min(self.TOP_K, output.shape[-1])
         hits = output.topk(k, dim=-1).indices == target[:, None]
-        return {
+        sums = {
             "loss": F.cross_entropy(output, target, reduction="none"),
             "top1": hits[:, 0].double(),
             "top5": hits.any(dim=-1).double(),
             "count": torch.ones(len(target), dtype=torch.float64, device=output.device),
         }
+        return {name: sums[name] for name in (*self.metrics, "count")}
 
     def derived(self, means: dict[str, float]) -> dict[str, float]:
         return {}
 
     def describe(self, result: dict) -> str:
-        return (
-            f"top1 {100 * result['top1']:.2f}% top5 {100 * result['top5']:.2f}% "
-            f"loss {result['loss']:.4f}"
-        )
+        top5 = f"top5 {100 * result['top5']:.2f}% " if "top5" in result else ""
+        return f"top1 {100 * result['top1']:.2f}% {top5}loss {result['loss']:.4f}"
 
 
 class NextToken:
@@ -63,6 +113,9 @@ class NextToken:
     headline = "loss"
     higher_is_better = False
     unit = "tokens"
+
+    def for_model(self, model_config: Any) -> NextToken:
+        return self
 
     def count(self, target: torch.Tensor) -> torch.Tensor | None:
         return (target != IGNORE).sum()

@@ -9,24 +9,25 @@ pruned and checked for completeness here; engine.export turns either into a plai
 
 from __future__ import annotations
 
-import io
-import os
-import re
 import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+# The files' names and atomic writes, used through this package (`ckpt.atomic_save`).
+from engine.checkpoint.files import atomic_save as atomic_save
+from engine.checkpoint.files import atomic_write_text as atomic_write_text
+from engine.checkpoint.files import checkpoint_path as checkpoint_path
+from engine.checkpoint.files import list_checkpoints as list_checkpoints
+from engine.checkpoint.files import old_path
+from engine.checkpoint.files import sharded_path as sharded_path
+from engine.checkpoint.files import step_of as step_of
 from engine.config import ConfigError
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-NAME = re.compile(r"step-(\d+)\.pt$")  # a single-file checkpoint
-SHARDED_NAME = re.compile(r"^step-(\d+)$")  # a sharded checkpoint's directory
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -65,114 +66,6 @@ def load_model_state(model: nn.Module, state: dict[str, Any], source: Path | Non
         ) from None
 
 
-def atomic_save(obj: Any, path: Path, pause_s: float = 0.0) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over the target, so a
-    crash leaves either the old file or the complete new one, never a torn file. pause_s
-    stalls halfway through the bytes (fault tests: a process killed mid-write)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if pause_s:
-                _write_with_pause(obj, f, pause_s)
-            else:
-                _save_reporting_os_errors(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-
-
-class _WriteRecorder:
-    """torch.save's zip writer turns a failed write (a full disk) into a RuntimeError about
-    stream positions; this keeps the OSError so the error can say what really happened."""
-
-    def __init__(self, f):
-        self.f = f
-        self.error: OSError | None = None
-
-    def write(self, data) -> int:
-        try:
-            return self.f.write(data)
-        except OSError as err:
-            self.error = err
-            raise
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def _save_reporting_os_errors(obj: Any, f) -> None:
-    recorder = _WriteRecorder(f)
-    try:
-        torch.save(obj, recorder)
-    except RuntimeError:
-        if recorder.error is not None:
-            raise recorder.error from None
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """A small file replaced whole or not at all (a full disk keeps the old one)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write_with_pause(obj: Any, f, pause_s: float) -> None:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    data = buffer.getvalue()
-    f.write(data[: len(data) // 2])
-    f.flush()
-    time.sleep(pause_s)
-    f.write(data[len(data) // 2 :])
-
-
-def checkpoint_path(folder: Path, step: int) -> Path:
-    return folder / f"step-{step:08d}.pt"
-
-
-def sharded_path(folder: Path, step: int) -> Path:
-    return folder / f"step-{step:08d}"
-
-
-def _match(path: Path) -> re.Match | None:
-    return SHARDED_NAME.search(path.name) if path.is_dir() else NAME.search(path.name)
-
-
-def list_checkpoints(folder: Path) -> list[Path]:
-    """Checkpoints in the folder, files and directories alike, newest (highest step) first.
-    A sharded checkpoint still being written is a hidden `.step-<n>.partial`: never listed."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p.name, p) for p in folder.iterdir() if (m := _match(p))]
-    return [p for _, _, p in sorted(found, reverse=True)]
-
-
-def step_of(path: Path) -> int:
-    return int((NAME.search(path.name) or SHARDED_NAME.search(path.name)).group(1))
-
-
 def prune(folder: Path, keep: int, written: Path) -> None:
     """Keep the checkpoint just written and the newest others up to `keep` in all. Files of a
     higher step (unreadable ones a resumed run skipped) are left for the run to overwrite."""
@@ -187,9 +80,7 @@ def prune(folder: Path, keep: int, written: Path) -> None:
 def _remove_dir(path: Path) -> None:
     """A sharded checkpoint leaves the listing at once (renamed to a hidden name that
     rundir.remove_partial_checkpoints clears if this is interrupted), then is deleted."""
-    from engine.checkpoint import sharded
-
-    aside = sharded.old_path(path)
+    aside = old_path(path)
     if aside.exists():
         shutil.rmtree(aside)
     path.rename(aside)
@@ -201,7 +92,7 @@ def load(path: Path) -> dict[str, Any]:
     optimizer states are loaded into live objects by sharded.load)."""
     try:
         if path.is_dir():
-            from engine.checkpoint import sharded
+            from engine.checkpoint import sharded  # start-up time: imports DCP
 
             return sharded.read_meta(path)
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -218,7 +109,7 @@ def _read(path: Path) -> dict[str, Any]:
     whose DCP index (.metadata) reads."""
     if not path.is_dir():
         return torch.load(path, map_location="cpu", weights_only=True)
-    from engine.checkpoint import sharded
+    from engine.checkpoint import sharded  # start-up time: imports DCP
 
     sharded.read_metadata(path)
     return sharded.read_meta(path)
@@ -253,63 +144,3 @@ def _reason(err: Exception) -> str:
     text = " ".join(str(err).split())
     first = text.split(". ")[0][:160]
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
-# A resumed run may change these and stay the same run: how it is logged, evaluated,
-# checkpointed, loaded and spread over processes, and how long it goes on. Anything else
-# (seed, batch, optimizer, schedule, model, data, augmentation) would change what it trains.
-SAFE_TO_CHANGE = (
-    "run.",
-    "log.",
-    "ckpt.",
-    "eval.",
-    "slurm.",
-    "fault.",
-    "dist.",
-    "loader.num_workers",
-    "loader.pin_memory",
-    "loader.persistent_workers",
-    "loader.prefetch_factor",
-    "train.epochs",
-    "train.max_steps",
-    "train.stop_at_step",
-    "train.micro_batch_size",
-    "train.compile",
-    "train.channels_last",
-    "train.activation_checkpointing",
-    "train.tf32",
-    "train.cudnn_benchmark",
-    "optim.implementation",
-    "train.nan_policy",
-    "data.root",
-    "data.download",
-    "device",
-    "resume",
-    "deterministic",
-    "variant",
-)
-GUARDED = ("dist.sync_bn",)  # batch statistics over all ranks: another computation
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= flatten(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(changes that alter the run, changes that keep it), each as 'key old -> new'. A key on
-    one side only is a field added or removed by a code update, at its default: not a change."""
-    old, new = flatten(saved), flatten(current)
-    refused, allowed = [], []
-    for key in sorted(old.keys() & new.keys()):
-        if old[key] == new[key]:
-            continue
-        text = f"{key} {old[key]} -> {new[key]}"
-        safe = key.startswith(SAFE_TO_CHANGE) and not key.startswith(GUARDED)
-        (allowed if safe else refused).append(text)
-    return refused, allowed

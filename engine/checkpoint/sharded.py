@@ -37,22 +37,12 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from engine.checkpoint import atomic_save
+from engine.checkpoint.files import atomic_save, old_path, partial_path
 from engine.config import ConfigError
 from engine.distributed import gather_objects
 
 META = "meta.pt"
 DCP_METADATA = ".metadata"
-PARTIAL_SUFFIX = ".partial"  # `.step-<n>.partial`: the shards being written
-OLD_SUFFIX = ".old"  # `.step-<n>.old`: a checkpoint of the same step being replaced
-
-
-def partial_path(path: Path) -> Path:
-    return path.parent / f".{path.name}{PARTIAL_SUFFIX}"
-
-
-def old_path(path: Path) -> Path:
-    return path.parent / f".{path.name}{OLD_SUFFIX}"
 
 
 def is_sharded(path: Path) -> bool:

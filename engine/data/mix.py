@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import MixConfig
+from engine.config import ConfigError, MixConfig
 from engine.seeding import derive_seed
 
 MIX_SALT = 0x313
@@ -18,7 +18,7 @@ MIX_SALT = 0x313
 
 class BatchMix:
     def __init__(self, cfg: MixConfig, num_classes: int, seed: int):
-        from torchvision.transforms import v2  # ~2 s of imports: only for runs that mix
+        from torchvision.transforms import v2  # start-up time: ~2 s, only for runs that mix
 
         transforms = []
         if cfg.mixup_alpha > 0:
@@ -42,7 +42,5 @@ def build_mix(cfg: MixConfig, num_classes: int | None, seed: int) -> BatchMix | 
     if cfg.mixup_alpha <= 0 and cfg.cutmix_alpha <= 0:
         return None
     if not num_classes:
-        from engine.config import ConfigError
-
         raise ConfigError("mix needs the number of classes: set model.num_classes")
     return BatchMix(cfg, num_classes, seed)

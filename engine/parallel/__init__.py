@@ -7,6 +7,7 @@ imports cost seconds of start-up."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -16,18 +17,33 @@ from engine.config import Config, ConfigError, DistConfig
 from engine.speed import compile_enabled
 
 
-def strategy_for(requested: str, denv: D.DistEnv) -> str:
-    """The strategy that runs. fsdp in one process has nothing to shard: it trains unsharded
-    (and still writes sharded checkpoints, so the run can go back to several processes)."""
-    if requested == "auto":
-        return "ddp" if denv.distributed else "none"
+@dataclass(frozen=True)
+class Strategy:
+    """How the model is spread over the processes, resolved once per run (resolve_strategy);
+    everything that depends on it reads this value."""
+
+    name: str  # what runs: "none", "dp", "ddp" or "fsdp"
+    # dist.strategy=fsdp was asked for: its checks and its sharded checkpoints apply even in
+    # one process, where there is nothing to shard (so the run can go back to several).
+    fsdp: bool = False
+
+    @property
+    def shards(self) -> bool:
+        """Parameters, gradients and optimizer states are DTensor shards (FSDP2)."""
+        return self.name == "fsdp"
+
+
+def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
+    """The strategy that runs. fsdp in one process trains unsharded."""
     if requested == "dp" and denv.distributed:
         raise ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
     if requested == "none" and denv.distributed:
         raise ConfigError("dist.strategy=none with several processes; use ddp")
-    if requested == "fsdp" and not denv.distributed:
-        return "none"
-    return requested
+    if requested == "auto":
+        return Strategy("ddp" if denv.distributed else "none")
+    if requested == "fsdp":
+        return Strategy("fsdp" if denv.distributed else "none", fsdp=True)
+    return Strategy(requested)
 
 
 def recipe_blocks(recipe, model: nn.Module, cfg: Config) -> list[nn.Module]:
@@ -45,6 +61,7 @@ def wrap(
     model: nn.Module,
     blocks: list[nn.Module],
     cfg: Config,
+    strategy: Strategy,
     denv: D.DistEnv,
     device: torch.device,
     accum_steps: int,
@@ -57,13 +74,12 @@ def wrap(
     the eval batch size (the loop pads the last batch). Under FSDP each block is compiled
     before it is sharded, and the same (sharded) model evaluates."""
     compiled = compile_enabled(cfg.train.compile, device)
-    strategy = strategy_for(cfg.dist.strategy, denv)
     if cfg.train.activation_checkpointing:
-        from engine.parallel.activations import checkpoint_blocks
+        from engine.parallel.activations import checkpoint_blocks  # start-up time
 
         checkpoint_blocks(blocks)
-    if strategy == "fsdp":
-        from engine.parallel import fsdp
+    if strategy.shards:
+        from engine.parallel import fsdp  # start-up time: FSDP and DTensor imports
 
         if compiled:
             for block in blocks:
@@ -73,9 +89,9 @@ def wrap(
         )
         return sharded, sharded
     eval_model = torch.compile(model, dynamic=False) if compiled else model
-    if strategy == "dp":  # DataParallel replicates per call, which dynamo cannot trace
+    if strategy.name == "dp":  # DataParallel replicates per call, which dynamo cannot trace
         return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
-    wrapped = ddp_wrap(model, cfg.dist, device, accum_steps) if strategy == "ddp" else model
+    wrapped = ddp_wrap(model, cfg.dist, device, accum_steps) if strategy.name == "ddp" else model
     return (torch.compile(wrapped) if compiled else wrapped), eval_model
 
 
@@ -95,22 +111,18 @@ def ddp_wrap(model: nn.Module, dcfg: DistConfig, device: torch.device, accum_ste
     )
 
 
-def gradient_sync(model: nn.Module, last: bool):
+def gradient_sync(model: nn.Module, strategy: Strategy, last: bool):
     """A context for one micro batch's backward: gradients are reduced over the processes on
     the last micro batch of a step only (DDP's no_sync, FSDP's requires_gradient_sync)."""
-    if is_sharded(model):
+    if strategy.shards:
         model.set_requires_gradient_sync(last)  # FSDP2
         return contextlib.nullcontext()
-    if last or not hasattr(model, "no_sync"):
+    if last or strategy.name != "ddp":
         return contextlib.nullcontext()
     return model.no_sync()
 
 
-def is_sharded(model: nn.Module) -> bool:
-    return hasattr(model, "set_requires_gradient_sync")
-
-
 def check_fsdp(dcfg: DistConfig, device: torch.device, amp: torch.dtype | None, ema: bool) -> None:
-    from engine.parallel import fsdp
+    from engine.parallel import fsdp  # start-up time: FSDP and DTensor imports
 
     fsdp.check(dcfg, device, amp, ema)

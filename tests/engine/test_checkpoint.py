@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from engine import checkpoint as ckpt
+from engine.checkpoint.state import config_changes
 from engine.config import ConfigError
 from recipes.digits.model import ModelConfig, build_model
 from tests.helpers import PicklePayload
@@ -113,7 +114,7 @@ def test_config_changes_refuse_what_alters_the_run_and_allow_the_rest():
     current = {"seed": 0, "optim": {"lr": 0.2}, "train": {"epochs": 5, "batch_size": 64}}
     current |= {"log": {"every_steps": 5}, "data": {"augment": {"flip": False}, "root": "b"}}
     current |= {"model": {"width": 8}}  # a field added by a code update: not a change
-    refused, allowed = ckpt.config_changes(saved, current)
+    refused, allowed = config_changes(saved, current)
     assert refused == ["data.augment.flip True -> False", "optim.lr 0.1 -> 0.2"]
     assert allowed == ["data.root a -> b", "log.every_steps 10 -> 5", "train.epochs 3 -> 5"]
 

@@ -14,9 +14,12 @@ from torch import nn
 from engine import distributed as D
 from engine.catalog import load_config
 from engine.config import ConfigError, OptimConfig
+from engine.evaluate import run_eval
 from engine.optim import implementation
+from engine.setup import setup
 from engine.speed import flops_per_sample, memory_format
-from engine.train import Progress, run_eval, setup, train_epoch
+from engine.tracking import Progress
+from engine.train import train_epoch
 from tests.helpers import records, run_engine
 
 QUIET = ["log.wandb=off", "log.progress=off", "device=cpu"]
@@ -168,10 +171,10 @@ def test_compiled_model_is_used_for_evaluation_without_recompiling(build, eager_
 
 def test_digits_flops_per_sample_are_counted_by_hand(build):
     """3 x the forward FLOPs; a 3x3 convolution costs 2 * c_in * c_out * 9 per output pixel."""
-    assert build().flops_per_sample == 0  # no peak on CPU: no MFU, nothing counted
+    assert build().speed.flops_per_sample == 0  # no peak on CPU: no MFU, nothing counted
     run = build("log.peak_tflops=1")
     conv = 2 * 9 * (1 * 32 * 64 + 32 * 32 * 64 + 32 * 64 * 16 + 64 * 64 * 16)
-    assert run.flops_per_sample == 3 * (conv + 2 * 64 * 10) and run.peak_flops == 1e12
+    assert run.speed.flops_per_sample == 3 * (conv + 2 * 64 * 10) and run.speed.peak_flops == 1e12
     cfg, recipe = load_config("imagenet", ["model.arch=resnet18", "model.num_classes=1000"])
     assert flops_per_sample(recipe, cfg) == pytest.approx(3 * 3.64e9, rel=0.01)  # 1.82 GMACs
     cfg.data.augment.train_size = 32  # a 1x1 last feature map: batch norm counts in eval mode

@@ -1,0 +1,106 @@
+"""Metering a logging window: loss, gradient norm, throughput, the share of time spent waiting
+for data, and the figures derived from throughput (units/s, MFU, GPU memory)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine import config as C
+from engine.recipe import Recipe
+from engine.run import Run, Speed
+from engine.speed import flops_per_sample, gpu_memory_gb, peak_flops
+from engine.tracking import log
+
+
+def speed_inputs(recipe: Recipe, cfg: C.Config, device: torch.device, world_size: int) -> Speed:
+    """The devices' peak and the FLOPs per sample (the recipe's declared count, else counted);
+    counted only where a peak is known (no MFU on CPU), so a run without one spends no
+    start-up time on them."""
+    units = recipe.units_per_sample(cfg.data) if recipe.units_per_sample else 0
+    peak = peak_flops(cfg.log.peak_tflops, device) * world_size
+    if not peak:
+        return Speed(units_per_sample=units)
+    if recipe.flops_per_sample:
+        flops = recipe.flops_per_sample(cfg.model, cfg.data)
+    else:
+        flops = flops_per_sample(recipe, cfg)
+    return Speed(flops_per_sample=flops, peak_flops=peak, units_per_sample=units)
+
+
+class Meter:
+    """Loss, throughput and data-wait fraction over a logging window. The loss and norm stay
+    on the device until the window is recorded: reading them would sync the host each step."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.windows = 0  # log windows recorded so far
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = torch.zeros((), device=self.device)
+        self.grad_norm = torch.zeros((), device=self.device)
+        self.steps = self.samples = 0
+        self.wait = 0.0
+        self.started = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, norm: torch.Tensor, samples: int) -> None:
+        self.loss += loss
+        self.grad_norm += norm
+        self.steps += 1
+        self.samples += samples
+
+    def record(self, run: Run, loss_over_ranks: float) -> dict:
+        """The window's record, given the window's loss summed over the ranks."""
+        loss = loss_over_ranks / run.denv.world_size
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        st = run.state
+        rec = {
+            "kind": "train",
+            "step": st.step,
+            "epoch": st.epoch,
+            "loss": loss / self.steps,
+            "grad_norm": self.grad_norm.item() / self.steps,  # the same on every rank
+            "lr": run.optimizer.param_groups[0]["lr"],
+            "samples_per_s": self.samples / elapsed,
+            "data_wait": self.wait / elapsed,
+        }
+        rec |= speed_figures(run, rec["samples_per_s"])
+        if run.skip_bad:
+            rec["bad_samples"] = st.bad_samples
+        if run.cfg.train.nan_policy == "skip":
+            rec["skipped_steps"] = st.skipped_steps
+        if self.windows > 0:  # the first window of an epoch includes the workers' start
+            warn_if_starved(run, rec["data_wait"])
+        self.windows += 1
+        self.reset()
+        return rec
+
+
+def speed_figures(run: Run, samples_per_s: float) -> dict:
+    """The task's units per second where declared (tokens/s); MFU (achieved / peak FLOP/s of
+    all devices) where both are known; rank 0's GPU memory high-water mark on CUDA."""
+    out, speed = {}, run.speed
+    if speed.units_per_sample:  # e.g. tokens_per_s
+        out[f"{run.task.unit}_per_s"] = samples_per_s * speed.units_per_sample
+    if speed.flops_per_sample and speed.peak_flops:
+        out["mfu"] = samples_per_s * speed.flops_per_sample / speed.peak_flops
+    memory = gpu_memory_gb(run.device)
+    if memory is not None:
+        out["gpu_mem_gb"] = memory
+    return out
+
+
+def warn_if_starved(run: Run, data_wait: float) -> None:
+    """Once per run: the loader, not the model, sets the pace."""
+    if run.speed.warned_data_wait or data_wait <= run.cfg.log.data_wait_warn:
+        return
+    run.speed.warned_data_wait = True
+    workers = run.cfg.loader.num_workers
+    faster = f" or {run.recipe.faster_input}" if run.recipe.faster_input else ""
+    log(
+        f"warning: {data_wait:.0%} of the last {run.cfg.log.every_steps} steps waited for data "
+        f"(rank {run.denv.rank}): the loader cannot keep the {run.device.type.upper()} busy. "
+        f"Raise loader.num_workers (now {workers}){faster}, or put the data on faster storage"
+    )

@@ -1,0 +1,212 @@
+"""Assembling a run from its config and recipe, in named steps: precision and strategy
+resolved once, the data, the model (built, initialised or resumed, placed, wrapped), the
+optimizer and schedule, then the run directory claimed and its records started."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine import checkpoint as ckpt
+from engine import config as C
+from engine import distributed as D
+from engine import parallel as P
+from engine import rundir
+from engine.checkpoint.state import check_resumable, restore, resume_source
+from engine.data.loaders import train_loader
+from engine.data.mix import build_mix
+from engine.data.sampler import BatchPlan, GlobalBatchSampler, plan_batches
+from engine.ema import build_ema
+from engine.meter import speed_inputs
+from engine.optim import build_optimizer, build_scheduler
+from engine.parallel import Strategy, weights
+from engine.recipe import Recipe
+from engine.results import task_facts
+from engine.run import Run, State
+from engine.seeding import seed_process
+from engine.speed import memory_format, set_backend_flags
+from engine.tracking import NullTracker, Tracker, environment, log, redact, wandb_mode
+
+
+@dataclass
+class Placed:
+    """The model on its device: bare, averaged, wrapped for training and for evaluation."""
+
+    bare: nn.Module
+    ema: torch.optim.swa_utils.AveragedModel | None
+    wrapped: nn.Module
+    eval_model: nn.Module
+    layout: torch.memory_format
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    if mode == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if mode == "fp16" and device.type != "cuda":
+        raise C.ConfigError("train.amp=fp16 needs a CUDA device; use train.amp=bf16 or off on CPU")
+    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+
+
+def check_request(
+    cfg: C.Config, recipe: Recipe, strategy: Strategy, device: torch.device, dtype
+) -> None:
+    """What the recipe and strategy cannot do, refused before anything is built or written."""
+    if strategy.fsdp:
+        P.check_fsdp(cfg.dist, device, dtype, cfg.ema.decay > 0)
+    if cfg.eval.hflip_tta and recipe.mirror is None:
+        raise C.ConfigError(
+            f"eval.hflip_tta: recipe '{cfg.recipe}' declares no mirror view of its inputs "
+            "(Recipe.mirror); unset it"
+        )
+
+
+def build_datasets(cfg: C.Config, recipe: Recipe):
+    """Rank 0 first (it scans and caches file indexes; the others then read them), and the
+    model's class count from the data when model.num_classes is 0."""
+    train_data, eval_data = D.main_first(lambda: recipe.build_datasets(cfg.data))
+    if getattr(cfg.model, "num_classes", None) == 0:
+        classes = getattr(train_data, "classes", None)
+        if not classes:
+            raise C.ConfigError(
+                "model.num_classes=0 follows the data, but this training set lists no "
+                "classes; set model.num_classes"
+            )
+        cfg.model.num_classes = len(classes)
+    return train_data, eval_data
+
+
+def setup(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device) -> Run:
+    run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
+    mode = wandb_mode(cfg.log) if denv.is_main else "off"
+    plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
+    dtype = amp_dtype(cfg.train.amp, device)
+    strategy = P.resolve_strategy(cfg.dist.strategy, denv)
+    check_request(cfg, recipe, strategy, device, dtype)
+    seed_process(cfg.seed, denv.rank)
+    data = build_datasets(cfg, recipe)
+    model = weights.build(recipe, cfg.model)
+    source = resume_source(cfg, run_dir)
+    if source:
+        check_resumable(cfg, recipe, strategy, source, denv.is_main)
+    placed = place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, data[0], source)
+    run = assemble(cfg, recipe, denv, device, strategy, run_dir, plan, dtype, placed, data)
+    if source:
+        run.state = restore(run, source)
+        if denv.is_main:
+            log(f"resuming from {source[0]} (epoch {run.state.epoch}, step {run.state.step})")
+    open_run_dir(run, mode)
+    return run
+
+
+def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_data, source):
+    """The model with its weights (prepared, initialised by name, or resumed from a single
+    file) on the device, wrapped for training. Under FSDP a model on the meta device is
+    sharded first and given storage after, so each process only ever holds its own shard; a
+    sharded checkpoint is loaded later, with the optimizer (check_format refused a file)."""
+    from_file = source is not None and not source[0].is_dir()
+    if weights.on_meta(model) and not strategy.shards:
+        # unsharded: the whole model on every process anyway (DDP broadcasts it at wrap time)
+        weights.initialise(model, recipe, cfg.model, cfg.seed, torch.device("cpu"))
+    on_meta = weights.on_meta(model)
+    if recipe.prepare and not source and not on_meta:  # a resumed run loads prepared weights
+        recipe.prepare(model, train_data)
+    if from_file and not on_meta:
+        ckpt.load_model_state(model, source[1]["model"], source[0])
+    set_backend_flags(cfg.train, cfg.deterministic)
+    # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
+    layout = memory_format(model, cfg.train.channels_last and not strategy.shards)
+    if not on_meta:
+        model = model.to(device, memory_format=layout)
+    ema = None if on_meta else build_ema(model, cfg.ema)
+    blocks = P.recipe_blocks(recipe, model, cfg)
+    wrapped, eval_model = P.wrap(
+        model, blocks, cfg, strategy, denv, device, plan.accum_steps, dtype
+    )
+    if on_meta:
+        storage = torch.device("cpu") if cfg.dist.cpu_offload else device
+        weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
+        ema = build_ema(model, cfg.ema)
+    return Placed(model, ema, wrapped, eval_model, layout)
+
+
+def assemble(
+    cfg: C.Config,
+    recipe: Recipe,
+    denv: D.DistEnv,
+    device: torch.device,
+    strategy: Strategy,
+    run_dir: Path,
+    plan: BatchPlan,
+    dtype: torch.dtype | None,
+    placed: Placed,
+    data: tuple,
+) -> Run:
+    """The run at step 0: optimizer, schedule, scaler, sampler and loader for the placed model."""
+    model, (train_data, eval_data) = placed.bare, data
+    sampler = GlobalBatchSampler(len(train_data), plan, denv.rank, cfg.seed)
+    total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
+    optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size, device, strategy.shards)
+    skip_bad = bool(getattr(cfg.data, "skip_bad", False))
+    return Run(
+        cfg=cfg,
+        recipe=recipe,
+        denv=denv,
+        device=device,
+        strategy=strategy,
+        run_dir=run_dir,
+        model=placed.wrapped,
+        bare=model,
+        eval_model=placed.eval_model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch),
+        scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
+        sampler=sampler,
+        loader=train_loader(train_data, sampler, cfg.loader, device, skip_bad),
+        train_data=train_data,
+        eval_data=eval_data,
+        task=recipe.task.for_model(cfg.model),
+        total_steps=total,
+        amp_dtype=dtype,
+        tracker=NullTracker(),
+        state=State(),
+        speed=speed_inputs(recipe, cfg, device, denv.world_size),
+        ema=placed.ema,
+        mix=build_mix(cfg.mix, getattr(cfg.model, "num_classes", None), cfg.seed),
+        skip_bad=skip_bad,
+        first_bad_step=torch.zeros((), dtype=torch.long, device=device),
+        memory_format=placed.layout,
+        trainable=[p for p in model.parameters() if p.requires_grad],
+    )
+
+
+def open_run_dir(run: Run, wandb: str) -> None:
+    """Rank 0 claims the run directory and writes config.yaml, env.json and the tracker's
+    first records (W&B in mode `wandb`); every rank contributes its host name."""
+    cfg, denv = run.cfg, run.denv
+    run.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
+    if denv.is_main:
+        ckpt.atomic_write_text(run.run_dir / "config.yaml", redact(C.dump(cfg)))
+        run.tracker = Tracker(run.run_dir, cfg.log, wandb, cfg.to_dict(), run.state.step)
+    hosts = D.gather_objects(D.host_name())
+    if denv.is_main:
+        task = run.task
+        env = environment(denv.world_size, hosts, run.device)
+        env["task"] = task_facts(task.headline, task.higher_is_better, task.unit)
+        ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
+
+
+def claim_run_dir(cfg: C.Config, run_dir: Path) -> int:
+    """Rank 0, after every check that can refuse the request and before the first write:
+    lock the directory, move an overwritten run aside, clear a dead writer's partial files."""
+    fd = rundir.acquire(run_dir)
+    if cfg.resume == "none" and rundir.holds_a_run(run_dir):  # run.overwrite=true
+        log(f"run.overwrite: the earlier run's files are now in {rundir.move_aside(run_dir)}")
+    folder = run_dir / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    for leftover in rundir.remove_partial_checkpoints(folder):
+        log(f"removed {leftover.name}, a checkpoint whose writing was interrupted")
+    return fd
