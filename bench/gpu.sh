@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one-shot GPU benchmark (bench/gpu.py; its docstring says what each figure means):
+# The one-shot GPU benchmark (bench/gpu/, run as python -m bench.gpu; the docstring of each
+# measurement's module there says what its figures mean):
 #   bash bench/gpu.sh [--smoke] [--only NAMES] [--budget S] [--batch N] [--out PATH]
 # Environment: GPU_BENCH_PYTHON (the interpreter, default python3), GPU_BENCH_BUDGET_S
 # (seconds, default 440), OUT (write $OUT/gpu.json), GPU_BENCH_SMOKE=1 (same as --smoke).

@@ -148,20 +148,22 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
 
 @pytest.fixture
 def small_bench(tmp_path):
-    """bench.gpu and a smoke-sized Bench on the CPU, its sizes replaced as asked."""
+    """bench.gpu.gpt and a smoke-sized Bench on the CPU, its sizes replaced as asked."""
     import shutil
 
     import torch
 
-    from bench import gpu
+    from bench.gpu import gpt
+    from bench.gpu.harness import Bench
+    from bench.gpu.sizes import SMOKE
 
     made = []
 
     def make(**sizes):
         args = argparse.Namespace(smoke=True, budget=300.0, only="gpt")
-        sizes = dataclasses.replace(gpu.SMOKE, **sizes)
-        made.append(gpu.Bench(args, sizes, torch.device("cpu"), tmp_path / "gpu.json"))
-        return gpu, made[-1]
+        sizes = dataclasses.replace(SMOKE, **sizes)
+        made.append(Bench(args, sizes, torch.device("cpu"), tmp_path / "gpu.json"))
+        return gpt, made[-1]
 
     yield make
     for bench in made:

@@ -1,0 +1,158 @@
+"""`python -m bench.gpu` (what bench/gpu.sh runs): the flags, the device and sizes, then every
+measurement in order, the JSON written after each, and the summary printed at the end."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.gpu import __doc__ as PACKAGE_DOC
+from bench.gpu import cifar10, gpt, jpeg, recompiles, resnet
+from bench.gpu.compile_log import use_compile_backend, watch_recompiles
+from bench.gpu.harness import (
+    REPO,
+    Bench,
+    attempt,
+    error_entry,
+    start_watchdog,
+    summary_failures,
+    summary_head,
+)
+from bench.gpu.memory_mfu import memory_and_mfu
+from bench.gpu.sizes import MEASUREMENTS, SMOKE, Sizes
+from bench.gpu.versions import versions
+
+RUNNERS = {
+    "resnet50_synthetic": resnet.resnet50_synthetic,
+    "imagenet_jpeg": jpeg.imagenet_jpeg,
+    "cifar10_fast": cifar10.cifar10_fast,
+    "compile_recompiles": recompiles.compile_recompiles,
+}
+SUMMARIES = {  # the printed summary's order: (a), (b), (c), (d), (f)
+    "resnet50_synthetic": resnet.summary,
+    "imagenet_jpeg": jpeg.summary,
+    "cifar10_fast": cifar10.summary,
+    "compile_recompiles": recompiles.summary,
+    "gpt": gpt.summary,
+}
+
+
+def run_all(bench: Bench, only: set[str] | None) -> None:
+    results = bench.result["measurements"]
+    for name in MEASUREMENTS:
+        bench.measurement = name
+        if only and name not in only:
+            results[name] = {"status": "skipped", "reason": "not selected (--only)"}
+        elif name == "gpt":
+            results[name] = gpt.gpt(bench)  # keeps to its own share of the budget
+        elif name == "memory_and_mfu":
+            results[name] = attempt(
+                bench, "(e) memory and MFU", lambda: memory_and_mfu(bench), memory=False
+            )
+        else:
+            need = 5.0 if bench.smoke else min(30.0, dict(bench.sizes.planned_s)[name] / 4)
+            results[name] = attempt(bench, name, lambda n=name: RUNNERS[n](bench), need_s=need)
+        bench.measurement = ""
+        bench.write()
+
+
+def summary(bench: Bench) -> list[str]:
+    m = bench.result["measurements"]
+    lines = [summary_head(bench)]
+    for name, lines_of in SUMMARIES.items():
+        lines += lines_of(m.get(name, {}))
+    return lines + summary_failures(m)
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu", description=PACKAGE_DOC.splitlines()[0]
+    )
+    smoke_env = os.environ.get("GPU_BENCH_SMOKE", "").lower() in ("1", "true", "yes")
+    parser.add_argument("--smoke", action="store_true", default=smoke_env)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--budget", type=float, default=None, help="seconds (default 440)")
+    parser.add_argument("--batch", type=int, default=None, help="ResNet batch (default 256)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    parser.add_argument("--only", default="", help="comma-separated measurement names")
+    args = parser.parse_args(argv)
+    if args.budget is None:
+        args.budget = float(os.environ.get("GPU_BENCH_BUDGET_S") or (300 if args.smoke else 440))
+    if args.out is None:
+        if os.environ.get("OUT"):
+            args.out = Path(os.environ["OUT"]) / "gpu.json"
+        else:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            args.out = REPO / "runs" / "bench" / f"gpu-{stamp}.json"
+    unknown = set(filter(None, args.only.split(","))) - set(MEASUREMENTS)
+    if unknown:
+        parser.error(f"unknown measurement(s) {sorted(unknown)}; choose from {MEASUREMENTS}")
+    return args
+
+
+def pick_device(choice: str | None) -> torch.device:
+    """The asked device, else the first GPU when there is one, else the CPU."""
+    device = torch.device(choice or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+    return device
+
+
+def pick_sizes(args, device: torch.device) -> Sizes:
+    sizes = SMOKE if args.smoke else Sizes()
+    if device.type == "cpu" and args.smoke:
+        sizes = dataclasses.replace(sizes, compile_backend="eager")
+    if args.batch:
+        sizes = dataclasses.replace(sizes, batch=args.batch)
+    return sizes
+
+
+def prepare(bench: Bench) -> None:
+    """Versions recorded, the compile backend chosen, recompilations logged."""
+    if bench.device.type == "cpu" and not bench.smoke:
+        bench.note("full sizes on a CPU: expect the budget to cut most measurements short")
+    try:
+        bench.result["versions"] = versions(bench.device)
+    except Exception as err:
+        bench.result["versions"] = error_entry(err) | {"python": platform.python_version()}
+    backend = bench.sizes.compile_backend
+    use_compile_backend(backend)
+    if backend:
+        bench.note(
+            f"torch.compile used the '{backend}' backend (smoke on CPU): dynamo's "
+            "capture, guards and recompilations ran, inductor's code generation did not"
+        )
+    watch_recompiles()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    bench = Bench(args, pick_sizes(args, device), device, args.out)
+    bench.say(f"{bench.result['mode']} run on {device}, budget {args.budget:.0f} s -> {args.out}")
+    prepare(bench)
+    bench.write()
+    start_watchdog(bench)
+    only = set(filter(None, args.only.split(","))) or None
+    try:
+        run_all(bench, only)
+    finally:
+        bench.write(final=True)
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+    for line in summary(bench):
+        print(line)
+    print(f"results: {bench.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
