@@ -134,7 +134,7 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 def _read_sharded(path: Path, ema: bool) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    from engine.checkpoint import sharded
+    from engine.checkpoint import sharded  # start-up time: imports DCP
 
     try:
         meta = sharded.read_meta(path)
@@ -167,7 +167,7 @@ def write(tensors: dict[str, torch.Tensor], out: Path, info: dict[str, Any]) -> 
     os.close(fd)
     try:
         if out.suffix == ".safetensors":
-            from safetensors.torch import save_file
+            from safetensors.torch import save_file  # optional: only for .safetensors
 
             metadata = {key: str(value) for key, value in info.items()}
             save_file(_unshared(tensors), tmp, metadata=metadata)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from engine.checkpoint import atomic_write_text
+from engine.atomic import atomic_write_text
 from engine.config import ConfigError, LogConfig
 
 PROVENANCE_VARS = (
@@ -118,7 +118,7 @@ def offline_reason(cfg: LogConfig) -> str:
 def wandb_base_url() -> str:
     if url := os.environ.get("WANDB_BASE_URL"):
         return url.rstrip("/")
-    import wandb
+    import wandb  # start-up time: seconds, only for runs that log to W&B
 
     return wandb.Settings().base_url  # this wandb version's default server
 
@@ -293,7 +293,7 @@ class Tracker:
         return run_id
 
     def _init_wandb(self, cfg: LogConfig, mode: str, config: dict, run_id: str):
-        import wandb
+        import wandb  # start-up time: seconds, only for runs that log to W&B
 
         timeouts = {
             k: v for k, v in WANDB_TIMEOUTS.items() if f"WANDB_{k.upper()}" not in os.environ
@@ -351,7 +351,7 @@ class Tracker:
 def _abandon_wandb() -> None:
     """Drop wandb's process-wide state after a failure. Its teardown also unregisters the
     exit hook that would otherwise print a traceback for a dead service at exit."""
-    import wandb
+    import wandb  # start-up time: seconds, only for runs that log to W&B
 
     with contextlib.suppress(Exception):
         wandb.teardown()
@@ -395,7 +395,7 @@ class Progress:
         self.style = style if enabled else "off"
         self.bar = None
         if self.style == "bar":
-            from tqdm import tqdm
+            from tqdm import tqdm  # start-up time: only for the progress bar
 
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
         self.total = total

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-# The files' names and atomic writes, used through this package (`ckpt.atomic_save`).
-from engine.checkpoint.files import atomic_save as atomic_save
-from engine.checkpoint.files import atomic_write_text as atomic_write_text
+# Atomic writes and the files' names, used through this package (`ckpt.atomic_save`).
+from engine.atomic import atomic_save as atomic_save
+from engine.atomic import atomic_write_text as atomic_write_text
 from engine.checkpoint.files import checkpoint_path as checkpoint_path
 from engine.checkpoint.files import list_checkpoints as list_checkpoints
 from engine.checkpoint.files import old_path

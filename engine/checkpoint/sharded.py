@@ -37,7 +37,8 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from engine.checkpoint.files import atomic_save, old_path, partial_path
+from engine.atomic import atomic_save
+from engine.checkpoint.files import old_path, partial_path
 from engine.config import ConfigError
 from engine.distributed import gather_objects
 

@@ -37,7 +37,7 @@ def generator(seed: int, name: str) -> torch.Generator:
 def initialise(model: nn.Module, recipe, model_cfg, seed: int, device: torch.device) -> None:
     """Give the meta model storage on `device` and fill every parameter and buffer: the full
     tensor is drawn on the CPU and each process keeps its own shard of it."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # seconds to import
+    from torch.distributed.tensor import DTensor, distribute_tensor  # start-up time: seconds
 
     model.to_empty(device=device)
     named = [*model.named_parameters(), *model.named_buffers()]
