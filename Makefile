@@ -71,11 +71,14 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# ruff (style, function size, what recipes must not import), hadolint, the workflows' schema,
+# and the import contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(PY) -m ruff check $(or $(LINT_PY),.)
 	$(PY) -m ruff format --check $(or $(LINT_PY),.)
 	$(VENV)/bin/hadolint --no-color $(or $(LINT_DOCKERFILES),Dockerfile)
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows $(or $(LINT_WORKFLOWS),$(wildcard .github/workflows/*.yml .github/workflows/*.yaml))
+	cd $(or $(LINT_IMPORTS_ROOT),.) && PYTHONPATH=. $(CURDIR)/$(VENV)/bin/lint-imports --no-cache
 
 # Resolve the Dockerfile's BASE_IMAGE digest and record it as its `ARG BASE_DIGEST` default
 # (needs docker and registry access; elsewhere it fails with a one-line message).

