@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import re
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from launch.errors import UserError
-from launch.runs import Run
+from launch.runs import Headline, Run
 
 DPI = 100
 RUNS_PX = (1500, 1000)  # (width, height) of a report's chart
@@ -43,7 +43,7 @@ class Sweep:
     """What a sweep's chart shows: the curves over seeds and each seed's final headline metric
     with the report's mean and std of it (None where there is none)."""
 
-    headline: str
+    headline: Headline
     loss: Band
     metric: Band
     finals: dict[int, float]
@@ -60,15 +60,15 @@ def _canvas(path: Path, size_px: tuple[int, int], cols: int, rows: int = 1) -> I
     """A figure of exactly size_px pixels, saved to path as PNG when the block ends. matplotlib
     is imported here: launch's other commands never pay for it."""
     try:
-        import matplotlib
+        import matplotlib  # optional: only charts need it
     except ImportError:
         raise UserError(
             "the charts need matplotlib, which is not installed here; run make venv "
             "(it installs requirements.lock)",
             code=1,
         ) from None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional
+    from matplotlib.figure import Figure  # optional
 
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(size_px[0] / DPI, size_px[1] / DPI), dpi=DPI, layout="constrained")
@@ -78,13 +78,17 @@ def _canvas(path: Path, size_px: tuple[int, int], cols: int, rows: int = 1) -> I
 
 
 def _percent(ax) -> None:
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import PercentFormatter  # optional
 
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
 
 
+def _is_value(value) -> bool:
+    return isinstance(value, int | float)
+
+
 def _line(ax, records: list[dict], key: str, colour: str, style: str, marker=None) -> None:
-    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
+    points = [(r["step"], r[key]) for r in records if _is_value(r.get(key))]
     if points:
         ax.plot(*zip(*points, strict=True), color=colour, linestyle=style, marker=marker, ms=4)
 
@@ -97,13 +101,20 @@ def _key(ax, entries: list[tuple[str, str]], marker=None) -> None:
 
 
 def _finish(ax, title: str, empty: str) -> None:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # optional
 
     ax.set_title(title)
     ax.set_xlabel("optimizer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     if not ax.lines or all(len(line.get_xdata()) == 0 for line in ax.lines):
         ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="grey")
+
+
+def fractions(values: Iterable[float], headline: Headline) -> bool:
+    """Whether an axis of evaluation metrics reads as percent: the headline is higher-is-better
+    and every value drawn is a fraction in [0, 1], as accuracies are."""
+    values = list(values)
+    return headline.higher_is_better and bool(values) and all(0 <= v <= 1 for v in values)
 
 
 def eval_metrics(runs: list[Run], headline: str) -> list[str]:
@@ -119,10 +130,13 @@ def eval_metrics(runs: list[Run], headline: str) -> list[str]:
     return ordered[: len(STYLES)]
 
 
-def draw_runs(runs: list[Run], labels: list[str], headline: str, path: Path, title: str) -> Path:
+def draw_runs(
+    runs: list[Run], labels: list[str], headline: Headline, path: Path, title: str
+) -> Path:
     """Six panels against optimizer steps: loss (training and evaluation), evaluation metrics,
     learning rate, samples/s, data-wait fraction, and the legend naming each run's colour."""
-    metrics = eval_metrics(runs, headline)
+    metrics = eval_metrics(runs, headline.metric)
+    drawn = [r[m] for run in runs for r in run.metrics.eval for m in metrics if _is_value(r.get(m))]
     with _canvas(path, RUNS_PX, cols=3, rows=2) as (fig, axes):
         loss, evals, *train_axes, key = axes
         fig.suptitle(title)
@@ -139,7 +153,7 @@ def draw_runs(runs: list[Run], labels: list[str], headline: str, path: Path, tit
         _finish(loss, "loss", "no records yet")
         if metrics:
             _key(evals, [(s, metric_label(m)) for m, s in zip(metrics, STYLES, strict=False)], "o")
-        if all(m.startswith("top") for m in metrics):
+        if fractions(drawn, headline):
             _percent(evals)
         _finish(evals, "evaluation, once an epoch", "no evaluation yet")
         for ax, (_, title_text) in zip(train_axes, TRAIN_PANELS, strict=True):
@@ -164,7 +178,7 @@ def _band(ax, band: Band, colour: str, title: str, empty: str, marker=None) -> N
 def draw_sweep(sweep: Sweep, path: Path, title: str) -> Path:
     """Mean training loss and mean headline metric over seeds, each with a ±1 sample-std band,
     and each seed's final headline metric as a point beside their mean and std."""
-    label = metric_label(sweep.headline)
+    label = metric_label(sweep.headline.metric)
     with _canvas(path, SWEEP_PX, cols=3) as (fig, (loss_ax, metric_ax, final_ax)):
         fig.suptitle(title)
         _band(loss_ax, sweep.loss, "C0", "training loss", "no records")
@@ -181,7 +195,7 @@ def draw_sweep(sweep: Sweep, path: Path, title: str) -> Path:
         final_ax.set_xlabel("seed")
         final_ax.set_title(f"final {label} per seed (summary.json)")
         final_ax.legend(loc="best", fontsize=8)
-        if sweep.headline.startswith("top"):
+        if fractions([*sweep.metric.mean, *sweep.finals.values()], sweep.headline):
             _percent(metric_ax)
             _percent(final_ax)
     return path

@@ -1,4 +1,5 @@
-"""`python -m launch COMMAND`: resolve a request, render its command, print it or run it.
+"""`python -m launch COMMAND`: parse the command, resolve its request (launch.request), render
+its command, print it or run it.
 
 Every value comes from a flag, else from the environment variable the Makefile exports, else
 from the recipe's config.yaml (`slurm:` and `run.root`), else from a default. Bad input ends in
@@ -23,25 +24,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
-import secrets
-import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-import yaml
+from engine.config import description
+from launch import render, report, request, sweep
+from launch.errors import UserError, printable
+from launch.render import Request
+from launch.request import ROOT, SLURM_FLAGS
 
-from engine.config import ConfigError, SlurmConfig, build_section, description, merge
-from launch import render
-from launch.errors import UserError
-from launch.render import Request, Slurm
-
-ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = (
     "train",
     "dry-run",
@@ -56,23 +51,6 @@ COMMANDS = (
 )
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
-OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # a folder name, never a path
-ENDPOINT = re.compile(r"[^\s:]+:[0-9]{1,5}")
-SLURM_INTS = ("time_min", "cpus_per_task", "mem_gb", "signal_delay_s", "max_requeues")
-SLURM_FLAGS = {  # field: (flag, environment variable)
-    "partition": ("--partition", "PARTITION"),
-    "account": ("--account", "ACCOUNT"),
-    "qos": ("--qos", "QOS"),
-    "time_min": ("--time-min", "TIME_MIN"),
-    "cpus_per_task": ("--cpus-per-task", "CPUS_PER_TASK"),
-    "mem_gb": ("--mem-gb", "MEM_GB"),
-    "constraint": ("--constraint", "CONSTRAINT"),
-    "exclude": ("--exclude", "EXCLUDE"),
-    "signal_delay_s": ("--signal-delay-s", "SIGNAL_DELAY_S"),
-    "max_requeues": ("--max-requeues", "MAX_REQUEUES"),
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,279 +105,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------- resolving a request
-
-
-def _pick(value: str | None, flag: str, env: Mapping[str, str], name: str):
-    """(label, text) of the first one set: the flag, else the environment variable."""
-    if value is not None:
-        return flag, value
-    if env.get(name, "") != "":
-        return name, env[name]
-    return None
-
-
-def _whole(label: str, text: str, minimum: int, fix: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise UserError(f"{label}={text!r} is not a whole number >= {minimum}; {fix}")
-    return value
-
-
-def installed_gpu_count() -> int:
-    """GPUs on this machine, without importing torch: nvidia-smi's list, else the device
-    files (a container may have the files without nvidia-smi)."""
-    try:
-        probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20)
-        if probe.returncode == 0:
-            return sum(line.startswith(b"GPU ") for line in probe.stdout.splitlines())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return sum(bool(re.fullmatch(r"nvidia[0-9]+", p.name)) for p in Path("/dev").glob("nvidia*"))
-
-
-def visible_gpu_count() -> int:
-    """CUDA devices a process started from here sees: CUDA_VISIBLE_DEVICES narrows the
-    installed ones, and CUDA ignores everything from its first empty or -1 entry on."""
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is None:
-        return installed_gpu_count()
-    entries = [e.strip() for e in mask.split(",")]
-    listed = next((i for i, e in enumerate(entries) if e in ("", "-1")), len(entries))
-    return min(listed, installed_gpu_count()) if listed else 0
-
-
-def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
-    """More GPUs than are visible would quietly train that many CPU processes (the engine's
-    device=auto falls back to the CPU); a dry run may be meant for another machine: a warning."""
-    visible = visible_gpu_count()
-    if gpus <= visible:
-        return
-    fewer = f"GPUS={visible} or fewer, or " if visible else ""
-    problem = f"{label}={gpus} but {visible} CUDA device(s) are visible here"
-    fix = f"set {fewer}GPUS=0 for CPU processes (PROCS=N for N of them)"
-    if not dry:
-        raise UserError(f"{problem}; {fix}")
-    print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
-
-
-def recipes_dir(env: Mapping[str, str]) -> Path:
-    return Path(env.get("RECIPES_DIR") or ROOT / "recipes")
-
-
-def available_recipes(env: Mapping[str, str]) -> list[str]:
-    folder = recipes_dir(env)
-    if not folder.is_dir():
-        return []
-    return sorted(p.parent.name for p in folder.glob("*/config.yaml"))
-
-
-def recipe_variants(recipe: str, env: Mapping[str, str]) -> list[str]:
-    folder = recipes_dir(env) / recipe
-    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "config")
-
-
-def load_recipe_config(recipe: str, env: Mapping[str, str], variant: str = "") -> dict:
-    """config.yaml with the variant's file layered on it, as the engine layers them."""
-    path = recipes_dir(env) / recipe / "config.yaml"
-    if not RECIPE_NAME.fullmatch(recipe) or not path.is_file():
-        names = ", ".join(available_recipes(env)) or "none"
-        raise UserError(f"unknown recipe {recipe!r}; available: {names} (set RECIPE=NAME)")
-    config = _read_config(path)
-    if not variant:
-        return config
-    known = recipe_variants(recipe, env)
-    if variant not in known:
-        have = ", ".join(known) or "none (only config.yaml)"
-        raise UserError(f"recipe {recipe!r} has no variant {variant!r}; available: {have}")
-    return merge(config, _read_config(path.with_name(f"{variant}.yaml")))
-
-
-def _read_config(path: Path) -> dict:
-    try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" line {where.line + 1}" if where else ""
-        raise UserError(f"{path}:{line} is not valid YAML; fix the file") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} must be a mapping of sections; fix the file")
-    return config
-
-
-def parse_overrides(args_text: str, extra: list[str]) -> tuple[str, ...]:
-    try:
-        words = shlex.split(args_text)
-    except ValueError as e:
-        raise UserError(f"ARGS cannot be split into words ({e}); check its quotes") from None
-    overrides = (*words, *extra)
-    for o in overrides:
-        if not OVERRIDE.match(o):
-            raise UserError(
-                f"override {o!r} is not key=value; write e.g. ARGS='optim.lr=0.2 train.epochs=5'"
-            )
-    return overrides
-
-
-def override_value(overrides: tuple[str, ...], key: str) -> str | None:
-    values = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == key]
-    return values[-1] if values else None
-
-
-def new_run_name(recipe: str, variant: str = "") -> str:
-    """A new name per launch: time stamp, recipe (and variant), and a random suffix (two
-    launches in the same second never share a run directory)."""
-    what = f"{recipe}-{variant}" if variant else recipe
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-{secrets.token_hex(2)}"
-
-
-def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict) -> Slurm:
-    section = config.get("slurm") or {}
-    try:  # the same schema and messages as the engine, which validates the section too
-        build_section("slurm", SlurmConfig, section)
-    except ConfigError as err:
-        raise UserError(f"recipe config.yaml: {err}") from None
-    values = {k: v for k, v in section.items() if v is not None}
-    labels = {k: f"slurm.{k}" for k in values}
-    for name, (flag, var) in SLURM_FLAGS.items():
-        picked = _pick(getattr(args, name), flag, env, var)
-        if picked:
-            labels[name], values[name] = picked
-    for name in SLURM_INTS:
-        if name in values:
-            minimum = 0 if name == "signal_delay_s" else 1
-            values[name] = _whole(labels[name], str(values[name]), minimum, "fix that value")
-    setup = values.get("setup", ())
-    if isinstance(setup, str) or not all(isinstance(x, str) for x in setup):
-        raise UserError("slurm.setup must be a list of shell lines; fix config.yaml")
-    values["setup"] = tuple(setup)
-    for name, value in values.items():
-        if isinstance(value, str) and ("\n" in value or "\r" in value):
-            raise UserError(f"{labels[name]} cannot contain a line break; give one line")
-    return Slurm(**values)
-
-
-def git_short_sha(src: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def default_image(src: Path) -> str:
-    """recipes:<git short sha> names the source an image was built from; recipes:dev when
-    there is no git history."""
-    sha = git_short_sha(src)
-    return f"recipes:{sha}" if sha else "recipes:dev"
-
-
-def recipe_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    label, recipe = _pick(args.recipe, "--recipe", env, "RECIPE") or ("RECIPE", "digits")
-    if not RECIPE_NAME.fullmatch(recipe):
-        names = ", ".join(available_recipes(env)) or "none"
-        raise UserError(
-            f"{label}={recipe!r} is not a recipe name (letters, digits, '_', '.', '-'; "
-            f"no path); use one of: {names}"
-        )
-    return recipe
-
-
-def max_restarts(args: argparse.Namespace, env: Mapping[str, str], target: str) -> int:
-    picked = _pick(args.max_restarts, "--max-restarts", env, "MAX_RESTARTS")
-    if not picked:
-        return 0
-    restarts = _whole(*picked, 0, "use MAX_RESTARTS=N to restart failed workers N times, or 0")
-    if restarts and target in ("pyxis", "sbatch", "submit"):
-        raise UserError(
-            f"{picked[0]}={restarts} restarts torchrun's workers, but SLURM starts this run "
-            "without torchrun; leave it 0 (SLURM requeues a preempted job: MAX_REQUEUES)"
-        )
-    return restarts
-
-
-def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
-    recipe = recipe_name(args, env)
-    variant = args.config or env.get("CONFIG") or ""
-    config = load_recipe_config(recipe, env, variant)
-    overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
-
-    picked = _pick(args.gpus, "--gpus", env, "GPUS")
-    fix = "use GPUS=0 for CPU or GPUS=N for N GPUs per node"
-    gpus = _whole(*picked, 0, fix) if picked else int(visible_gpu_count() > 0)
-    nodes = _whole(
-        *(_pick(args.nodes, "--nodes", env, "NODES") or ("NODES", "1")),
-        1,
-        "use NODES=1 for one machine",
-    )
-    procs = _whole(
-        *(_pick(args.procs, "--procs", env, "PROCS") or ("PROCS", "1")),
-        1,
-        "use PROCS=N for N CPU processes",
-    )
-    if procs > 1 and gpus > 0:
-        raise UserError(
-            f"PROCS={procs} is for CPU runs, but GPUS={gpus}: GPU runs start one process per "
-            f"GPU, so use GPUS=N alone, or GPUS=0 PROCS={procs} for CPU processes"
-        )
-
-    name = override_value(overrides, "run.name")
-    if name is not None and not RUN_NAME.fullmatch(name):
-        raise UserError(f"run.name={name!r}: use letters, digits, '.', '_' and '-' only")
-    rdzv = _pick(args.rdzv_endpoint, "--rdzv-endpoint", env, "RDZV_ENDPOINT")
-    if rdzv and not ENDPOINT.fullmatch(rdzv[1]):
-        raise UserError(f"{rdzv[0]}={rdzv[1]!r} is not HOST:PORT; e.g. RDZV_ENDPOINT=node1:29500")
-    if nodes > 1 and target in ("local", "docker", "apptainer"):
-        # The same command runs on every node: they must agree on the rendezvous and the run.
-        if not rdzv or name is None:
-            raise UserError(
-                f"NODES={nodes} runs this command on each node; set RDZV_ENDPOINT=HOST:PORT "
-                "(the first node) and one run name for all, ARGS='run.name=NAME'"
-            )
-
-    restarts = max_restarts(args, env, target)
-    run_root = override_value(overrides, "run.root") or (config.get("run") or {}).get("root")
-    image = args.image or env.get("IMAGE") or ""
-    if not image and target in ("docker", "pyxis", "image", "sif"):
-        image = default_image(ROOT)
-    slurm = resolve_slurm(args, env, config)
-    if picked and target == "local":  # last: a warning never precedes an error
-        check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
-    return Request(
-        recipe=recipe,
-        run_name=name or new_run_name(recipe, variant),
-        variant=variant,
-        gpus=gpus,
-        nodes=nodes,
-        procs=procs,
-        overrides=overrides,
-        python=sys.executable,
-        image=image or "recipes:dev",
-        sif=args.sif or env.get("SIF") or "recipes.sif",
-        rdzv_endpoint=rdzv[1] if rdzv else None,
-        max_restarts=restarts,
-        src=str(ROOT),
-        data=env.get("RECIPES_DATA") or "data",
-        run_root=str(run_root or "runs"),
-        uid_gid=f"{os.getuid()}:{os.getgid()}",
-        slurm=slurm,
-    )
-
-
 # ---------------------------------------------------------------- printing and running
-
-
-def is_dry(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
-    flag = env.get("DRY_RUN", "").strip().lower() in ("1", "true", "yes", "on")
-    return bool(args.dry_run or flag or args.command == "dry-run")
 
 
 def find_program(name: str) -> str:
@@ -429,7 +135,7 @@ def lock_sha256(src: Path) -> str:
 
 
 def image_argv(req: Request) -> list[str]:
-    sha = git_short_sha(ROOT)
+    sha = request.git_short_sha(ROOT)
     full = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
     )
@@ -446,18 +152,14 @@ def render_target(req: Request, target: str) -> list[str] | str:
     return render.TARGETS[target](req)
 
 
-def pick_target(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
-    return _pick(args.target, "--target", env, "TARGET") or ("TARGET", "local")
-
-
 def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     target = {"docker-train": "docker", "image": "image", "sif": "sif"}.get(args.command)
     if target is None:
-        label, target = pick_target(args, env)
+        label, target = request.pick_target(args, env)
         allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
-    req = resolve(args, env, target=target)
+    req = request.resolve(args, env, target=target)
     try:
         out = render_target(req, target)
     except ValueError as e:
@@ -465,52 +167,42 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if isinstance(out, str):
         print(out, end="")
         return 0
-    if args.command == "render" or is_dry(args, env):
+    if args.command == "render" or request.is_dry(args, env):
         print(render.shell_join(out))
         return 0
     execute(out)
 
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    req = resolve(args, env, target="submit")
-    if is_dry(args, env):
+    req = request.resolve(args, env, target="submit")
+    if request.is_dry(args, env):
         print(render.sbatch_script(req), end="")
         return 0
-    from launch import slurm
+    from launch import slurm  # optional: submitit, needed only to submit
 
     return slurm.submit(req)
 
 
 def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from launch import sweep
-
     return sweep.main(args, env)
 
 
 def cmd_report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from launch import report
-
-    return report.main(args, env, dry=is_dry(args, env))
+    return report.main(args, env, dry=request.is_dry(args, env))
 
 
 def cmd_recipes(env: Mapping[str, str]) -> int:
     """Each recipe with its configs and what they train, ready to copy as RECIPE/CONFIG."""
-    names = available_recipes(env)
+    names = request.recipe_names(env)
     if not names:
-        raise UserError(f"no recipes under {recipes_dir(env)}")
+        raise UserError(f"no recipes under {request.recipes_dir(env)}")
     for recipe in names:
-        folder = recipes_dir(env) / recipe
+        folder = request.recipes_dir(env) / recipe
         print(f"{recipe:<10} {'':<8} {description(folder / 'config.yaml')}")
-        for variant in recipe_variants(recipe, env):
+        for variant in request.recipe_variants(recipe, env):
             print(f"{'':<10} {variant:<8} {description(folder / f'{variant}.yaml')}")
     print("\nUse: make train RECIPE=NAME [CONFIG=VARIANT], or python -m launch train --recipe NAME")
     return 0
-
-
-def printable(text: str) -> str:
-    """Control characters escaped as repr writes them: a value with a line break or a terminal
-    escape sequence cannot split a message or hide part of it."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:

@@ -7,3 +7,9 @@ class UserError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
+
+
+def printable(text: str) -> str:
+    """Control characters escaped as repr writes them: a value with a line break or a terminal
+    escape sequence cannot split a message or hide part of it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

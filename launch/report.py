@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launch import charts, runs
-from launch.errors import UserError
+from launch.errors import UserError, printable
 from launch.runs import Run
 
-# shown as "time" and "world size"; the headline's name orders the columns instead
-OWN_COLUMNS = ("seconds", "world_size", "headline")
+# shown as "time" and "world size"; the headline's name orders the columns instead, and its
+# direction is not a metric
+OWN_COLUMNS = ("seconds", "world_size", "headline", "higher_is_better")
 MAX_STEM = 120
 
 
@@ -166,15 +167,13 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     if dry:
         print(f"{png}\n{md}\n(dry run: nothing written)")
         return 0
-    from launch.cli import printable
-
     for note in (n for run in found for n in run.metrics.notes):
         print(f"launch: warning: {printable(note)}", file=sys.stderr)
-    headline = runs.headline_metric(found[0].summary, found[0].metrics.eval)
+    headline = runs.shared_headline(found)
     title = textwrap.shorten("Runs: " + ", ".join(r.name for r in found), 160, placeholder=" ...")
     try:
         charts.draw_runs(found, labels(found), headline, png, title)
-        md.write_text(markdown(found, png.name, runs.summary_key(headline)))
+        md.write_text(markdown(found, png.name, headline.key))
     except OSError as err:
         raise UserError(
             f"cannot write the report in {parent} ({err.strerror}); make it writable", code=1

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from engine import results
 from launch.errors import UserError
 
 # The engine creates it as a run starts (right after config.yaml); a recipe folder, which has
@@ -29,6 +30,19 @@ class Metrics:
     train: list[dict] = field(default_factory=list)
     eval: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # lines skipped, said to the user
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The metric a run is judged by, as summary.json names it, and its direction."""
+
+    key: str  # "top1", "eval_loss"
+    higher_is_better: bool
+
+    @property
+    def metric(self) -> str:
+        """Its name in the evaluation records ("top1", "loss")."""
+        return results.eval_name(self.key)
 
 
 @dataclass
@@ -49,20 +63,39 @@ class Run:
         records = self.metrics.train + self.metrics.eval
         return max((r["step"] for r in records), default=0)
 
-
-def headline_metric(summary: dict[str, Any] | None, eval_records: list[dict]) -> str:
-    """The evaluation metric a run is judged by, as its eval records name it ("top1", "loss"):
-    the one its summary.json names (the recipe's task declares it); for a run still going,
-    top-1 where its evaluations record it, else the loss."""
-    named = (summary or {}).get("headline")
-    if isinstance(named, str):
-        return "loss" if named == "eval_loss" else named
-    return "top1" if any("top1" in r for r in eval_records) else "loss"
+    @property
+    def headline(self) -> Headline:
+        return find_headline(self.summary, self.env, self.metrics.eval)
 
 
-def summary_key(metric: str) -> str:
-    """An eval record's metric as summary.json names it (the loss is "eval_loss" there)."""
-    return "eval_loss" if metric == "loss" else metric
+def recorded_headline(
+    summary: dict[str, Any] | None, env: dict[str, Any] | None
+) -> Headline | None:
+    """The headline the run recorded: summary.json's at the end, env.json's "task" from the
+    start (the recipe's task declares it); None for a run that recorded neither."""
+    recorded = results.headline(summary, env)
+    return Headline(*recorded) if recorded is not None else None
+
+
+def find_headline(
+    summary: dict[str, Any] | None, env: dict[str, Any] | None, eval_records: list[dict]
+) -> Headline:
+    """The headline the run recorded, else the old rule (below)."""
+    recorded = recorded_headline(summary, env)
+    if recorded is not None:
+        return recorded
+    # Only for runs written before the engine recorded the headline and its direction: top-1
+    # where their evaluations record it, else the loss.
+    if any("top1" in r for r in eval_records):
+        return Headline("top1", higher_is_better=True)
+    return Headline(results.summary_name("loss"), higher_is_better=False)
+
+
+def shared_headline(found: list[Run]) -> Headline:
+    """The headline of runs shown together: the first one's that recorded it (runs written
+    before the engine recorded it have none), else the first run's by the old rule."""
+    recorded = (recorded_headline(run.summary, run.env) for run in found)
+    return next((h for h in recorded if h is not None), found[0].headline)
 
 
 # ---------------------------------------------------------------- metrics.jsonl
@@ -124,7 +157,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _read_json(path: Path, notes: list[str]) -> dict | None:
+def read_json(path: Path, notes: list[str]) -> dict | None:
     if not path.is_file():
         return None
     try:
@@ -177,8 +210,8 @@ def read_run(text: str) -> Run:
             path=path,
             name=path.resolve().name,
             config=read_config(path / "config.yaml", notes),
-            env=_read_json(path / "env.json", notes) or {},
-            summary=_read_json(path / "summary.json", notes),
+            env=read_json(path / "env.json", notes) or {},
+            summary=read_json(path / "summary.json", notes),
             metrics=metrics,
         )
     except OSError as err:

@@ -6,7 +6,7 @@ Preemption, as submitit 1.5 and the engine share it:
 * submitit's job entry point (`submitit.core.submission.process_job`) installs its own SIGUSR2
   handler, then calls the submitted callable. That handler would checkpoint by pickling the
   callable and requeue at once, mid-step.
-* `EngineJob.__call__` runs `engine.train.main`, which installs the engine's SIGUSR2 handler
+* `EngineJob.__call__` runs `engine.cli.main`, which installs the engine's SIGUSR2 handler
   (it replaces submitit's: one handler per signal). That handler only sets a flag; every rank
   saves a checkpoint at the next step boundary and `main` returns 75.
 * On 75 after a SIGUSR2, rank 0 requeues the job with `scontrol requeue <job id>` (what submitit's own
@@ -31,13 +31,14 @@ from typing import Any
 
 import submitit
 
+from engine import preempt
 from launch import render
 from launch.errors import UserError
 from launch.render import PREEMPTED, Request
 
 
 class EngineJob(submitit.helpers.Checkpointable):
-    """The submitted callable: `engine.train.main([recipe, *args])` in this process."""
+    """The submitted callable: `engine.cli.main([recipe, *args])` in this process."""
 
     def __init__(self, recipe: str, args: list[str], src: str, max_requeues: int):
         self.recipe = recipe
@@ -49,7 +50,7 @@ class EngineJob(submitit.helpers.Checkpointable):
         os.chdir(self.src)
         if self.src not in sys.path:
             sys.path.insert(0, self.src)
-        from engine.train import main
+        from engine.cli import main  # start-up time: the engine pulls torch; only the job needs it
 
         return self.finish(main([self.recipe, *self.args]))
 
@@ -57,8 +58,6 @@ class EngineJob(submitit.helpers.Checkpointable):
     def _warned_of_the_time_limit() -> bool:
         """SIGUSR2 (--signal=USR2@lead) means: requeue me. A SIGTERM alone comes from scancel,
         which ends the job, or from SLURM's own preemption, which requeues it by itself."""
-        from engine import preempt
-
         return "SIGUSR2" in preempt.received()
 
     def finish(self, rc: int) -> int:

@@ -21,12 +21,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from launch import charts, render
+from engine import results
+from launch import charts, render, request
 from launch.errors import UserError
 from launch.render import Request
-from launch.runs import headline_metric, read_metrics, summary_key
+from launch.runs import find_headline, read_json, read_metrics
 
-METRICS = ("top1", "top5", "eval_loss", "seconds", "steps", "world_size")
+# The known columns first, in this order.
+METRICS = ("top1", "top5", results.summary_name("loss"), "seconds", "steps", "world_size")
 
 
 # ---------------------------------------------------------------- pure parts
@@ -140,8 +142,9 @@ def sweep_chart(run_dirs: Mapping[int, Path], runs: Mapping[int, tuple[str, dict
     is said on stderr and left out."""
     metrics = {seed: read_metrics(folder / "metrics.jsonl") for seed, folder in run_dirs.items()}
     first = min(run_dirs)
-    headline = headline_metric(runs[first][1] if first in runs else None, metrics[first].eval)
-    key = summary_key(headline)
+    env = read_json(run_dirs[first] / "env.json", metrics[first].notes)
+    headline = find_headline(runs[first][1] if first in runs else None, env, metrics[first].eval)
+    key = headline.key
     for note in (n for m in metrics.values() for n in m.notes):
         print(f"launch: warning: {note}", file=sys.stderr)
     summaries = {seed: summary for seed, (_, summary) in runs.items()}
@@ -149,7 +152,7 @@ def sweep_chart(run_dirs: Mapping[int, Path], runs: Mapping[int, tuple[str, dict
     return charts.Sweep(
         headline=headline,
         loss=mean_band([_values(m.train, "loss") for m in metrics.values()]),
-        metric=mean_band([_values(m.eval, headline) for m in metrics.values()]),
+        metric=mean_band([_values(m.eval, headline.metric) for m in metrics.values()]),
         finals={s: v[key] for s, v in summaries.items() if _is_number(v.get(key))},
         mean=stats.get("mean"),
         std=stats.get("std"),
@@ -207,15 +210,13 @@ def _exit_code(rc: int) -> int:
 
 
 def run_local(reqs: list[Request], dry: bool) -> None:
-    from launch.cli import ROOT
-
     for i, r in enumerate(reqs):
         argv = render.local(r)
         if dry:
             print(render.shell_join(argv))
             continue
         print(f"+ {render.shell_join(argv)}", file=sys.stderr, flush=True)
-        rc = subprocess.run(argv, cwd=ROOT).returncode
+        rc = subprocess.run(argv, cwd=request.ROOT).returncode
         if rc != 0:
             base = r.run_name.rsplit("-seed", 1)[0]
             raise UserError(
@@ -226,7 +227,7 @@ def run_local(reqs: list[Request], dry: bool) -> None:
 
 
 def run_slurm(reqs: list[Request], folder: Path, base: str, wait: bool) -> bool:
-    from launch import slurm
+    from launch import slurm  # optional: submitit, needed only to submit
 
     jobs = slurm.submit_array(reqs, folder / "slurm", name=base)
     for r, job in zip(reqs, jobs, strict=True):
@@ -243,21 +244,19 @@ def run_slurm(reqs: list[Request], folder: Path, base: str, wait: bool) -> bool:
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from launch import cli
-
-    use_slurm = args.slurm or cli.pick_target(args, env)[1] == "submit"
+    use_slurm = args.slurm or request.pick_target(args, env)[1] == "submit"
     if args.report is not None:
-        if not cli.RUN_NAME.fullmatch(args.report):
+        if not request.RUN_NAME.fullmatch(args.report):
             raise UserError(f"--report={args.report!r} is not a run name; give the sweep's BASE")
-        req = cli.resolve(args, env, target="report")
+        req = request.resolve(args, env, target="report")
         return report_only(req, args.report)
-    picked = cli._pick(args.seeds, "--seeds", env, "SEEDS") or ("SEEDS", "3")
-    seeds = cli._whole(*picked, 1, "use e.g. SEEDS=5")
-    req = cli.resolve(args, env, target="submit" if use_slurm else "local")
+    picked = request.pick(args.seeds, "--seeds", env, "SEEDS") or ("SEEDS", "3")
+    seeds = request.whole(*picked, 1, "use e.g. SEEDS=5")
+    req = request.resolve(args, env, target="submit" if use_slurm else "local")
     reqs = seed_requests(req, seeds)
     base = req.run_name
     folder = report_dir(req.src, req.run_root, req.recipe, base)
-    if cli.is_dry(args, env):
+    if request.is_dry(args, env):
         if use_slurm:
             print("\n".join(render.sbatch_script(r) for r in reqs), end="")
         else:

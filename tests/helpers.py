@@ -132,14 +132,16 @@ def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
 
 
 def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
-    """A copy of launch/ (and the config schema it shares with the engine) beside a fake
-    engine.train and one recipe, so launch's real subprocess path can be run cheaply."""
+    """A copy of launch/ (and the torch-free engine modules it shares: the config schema,
+    recipe discovery, run names, result names) beside a fake engine.train and one recipe, so
+    launch's real subprocess path can be run cheaply."""
     import shutil
 
     shutil.copytree(REPO / "launch", root / "launch", ignore=shutil.ignore_patterns("__py*"))
     (root / "engine").mkdir()
     (root / "engine" / "__init__.py").write_text("")
-    shutil.copy(REPO / "engine" / "config.py", root / "engine" / "config.py")
+    for shared in ("config.py", "catalog.py", "rundir.py", "results.py"):
+        shutil.copy(REPO / "engine" / shared, root / "engine" / shared)
     (root / "engine" / "train.py").write_text(fake_train)
     (root / "recipes" / "digits").mkdir(parents=True)
     (root / "recipes" / "digits" / "config.yaml").write_text(recipe_config)

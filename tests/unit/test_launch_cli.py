@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.request import visible_gpu_count
 from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,8 +279,6 @@ def fake_nvidia_smi(folder: Path, gpus: int) -> Path:
 def test_visible_gpus_are_the_installed_ones_narrowed_by_cuda_visible_devices(
     monkeypatch, tmp_path, mask, visible
 ):
-    from launch.cli import visible_gpu_count
-
     monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bin", 4)))
     if mask is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launch import cli
+from launch import cli, request
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -116,8 +116,8 @@ def argvs(draw) -> list[str]:
 
 
 # The machine's answers, asked once: each costs a process start, and they never change here.
-GIT_SHORT_SHA = functools.cache(cli.git_short_sha)
-INSTALLED_GPUS = functools.cache(cli.installed_gpu_count)
+GIT_SHORT_SHA = functools.cache(request.git_short_sha)
+INSTALLED_GPUS = functools.cache(request.installed_gpu_count)
 
 
 def refuse(*_args, **_kwargs):
@@ -129,8 +129,8 @@ def run_main(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace")
     stubs = [
-        mock.patch("launch.cli.git_short_sha", GIT_SHORT_SHA),
-        mock.patch("launch.cli.installed_gpu_count", INSTALLED_GPUS),
+        mock.patch("launch.request.git_short_sha", GIT_SHORT_SHA),
+        mock.patch("launch.request.installed_gpu_count", INSTALLED_GPUS),
         mock.patch("os.execv", refuse),
         mock.patch("launch.slurm.submit", refuse),
         mock.patch("launch.slurm.submit_array", refuse),

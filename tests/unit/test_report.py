@@ -227,7 +227,7 @@ def test_a_language_model_is_reported_by_its_eval_loss(tmp_path):
     for name, lr in (("a", "0.002"), ("b", "0.004")):
         helpers.run_engine(tmp_path, name, "train.max_steps=4", f"optim.lr={lr}", recipe="gpt")
     folders = [str(tmp_path / "gpt" / n) for n in ("a", "b")]
-    assert runs.headline_metric(runs.read_run(folders[0]).summary, []) == "loss"
+    assert runs.read_run(folders[0]).headline.metric == "loss"
     out = launch("report", *folders)
     assert out.returncode == 0, out.stderr
     lines = (tmp_path / "gpt" / "report-a+b.md").read_text().splitlines()

@@ -216,7 +216,7 @@ def run_process_job(tmp_path: Path, fake_slurm_bin: Path, signal_at: str, sig: s
     shutil.copytree(ROOT / "launch", checkout / "launch", ignore=shutil.ignore_patterns("__py*"))
     (checkout / "engine").mkdir()
     (checkout / "engine" / "__init__.py").write_text("")
-    (checkout / "engine" / "train.py").write_text(FAKE_TRAIN)
+    (checkout / "engine" / "cli.py").write_text(FAKE_TRAIN)
     shutil.copy(ROOT / "engine" / "preempt.py", checkout / "engine" / "preempt.py")
     folder = tmp_path / "slurm"
     folder.mkdir()

@@ -17,6 +17,7 @@ from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP1 = [0.90, 0.92, 0.97]
+TASK = {"headline": "top1", "higher_is_better": True, "unit": "samples"}  # as the engine writes
 
 
 def summary(seed: int) -> dict:
@@ -28,6 +29,8 @@ def summary(seed: int) -> dict:
         "steps": 450,
         "epochs": 15,
         "world_size": 2,
+        "headline": "top1",
+        "higher_is_better": True,
     }
 
 
@@ -36,6 +39,7 @@ def write_runs(parent: Path, base: str, seeds) -> dict[int, Path]:
     for seed in seeds:
         folder = parent / f"{base}-seed{seed}"
         folder.mkdir(parents=True)
+        (folder / "env.json").write_text(json.dumps({"task": TASK}))
         (folder / "summary.json").write_text(json.dumps(summary(seed)))
         dirs[seed] = folder
     return dirs
@@ -104,10 +108,13 @@ def main(argv):
     seed = int(args["seed"])
     run = Path("runs") / recipe / args["run.name"]
     run.mkdir(parents=True, exist_ok=True)
+    task = {"headline": "top1", "higher_is_better": True, "unit": "samples"}
+    (run / "env.json").write_text(json.dumps({"task": task}))
     if os.environ.get("FAIL_SEED") == str(seed):
         return 1
     summary = {"top1": 0.9 + 0.01 * seed, "top5": 1.0, "eval_loss": 0.1, "seconds": 1.0,
-               "steps": 10, "world_size": 1, "device": args.get("device")}
+               "steps": 10, "world_size": 1, "device": args.get("device"),
+               "headline": "top1", "higher_is_better": True}
     (run / "summary.json").write_text(json.dumps(summary))
     return 0
 

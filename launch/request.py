@@ -1,0 +1,333 @@
+"""From a command's flags, the environment and the recipe's config to one render.Request.
+
+Every value comes from a flag, else from the environment variable the Makefile exports, else
+from the recipe's config (`slurm:` and `run.root`), else from a default. A bad value is one
+UserError naming it and the fix. train, submit, sweep and report resolve their requests here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from engine import catalog
+from engine.config import ConfigError, SlurmConfig, build_section
+from engine.rundir import new_run_name
+from launch.errors import UserError
+from launch.render import Request, Slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # a folder name, never a path
+ENDPOINT = re.compile(r"[^\s:]+:[0-9]{1,5}")
+SLURM_INTS = ("time_min", "cpus_per_task", "mem_gb", "signal_delay_s", "max_requeues")
+SLURM_FLAGS = {  # field: (flag, environment variable)
+    "partition": ("--partition", "PARTITION"),
+    "account": ("--account", "ACCOUNT"),
+    "qos": ("--qos", "QOS"),
+    "time_min": ("--time-min", "TIME_MIN"),
+    "cpus_per_task": ("--cpus-per-task", "CPUS_PER_TASK"),
+    "mem_gb": ("--mem-gb", "MEM_GB"),
+    "constraint": ("--constraint", "CONSTRAINT"),
+    "exclude": ("--exclude", "EXCLUDE"),
+    "signal_delay_s": ("--signal-delay-s", "SIGNAL_DELAY_S"),
+    "max_requeues": ("--max-requeues", "MAX_REQUEUES"),
+}
+# Targets that start the same command on every node by hand (SLURM starts its own tasks).
+PER_NODE_TARGETS = ("local", "docker", "apptainer")
+# Targets under SLURM, which starts the ranks without torchrun.
+SLURM_TARGETS = ("pyxis", "sbatch", "submit")
+
+
+# ---------------------------------------------------------------- single values
+
+
+def pick(value: str | None, flag: str, env: Mapping[str, str], name: str):
+    """(label, text) of the first one set: the flag, else the environment variable."""
+    if value is not None:
+        return flag, value
+    if env.get(name, "") != "":
+        return name, env[name]
+    return None
+
+
+def whole(label: str, text: str, minimum: int, fix: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise UserError(f"{label}={text!r} is not a whole number >= {minimum}; {fix}")
+    return value
+
+
+def is_dry(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    flag = env.get("DRY_RUN", "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(args.dry_run or flag or args.command == "dry-run")
+
+
+def pick_target(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
+    return pick(args.target, "--target", env, "TARGET") or ("TARGET", "local")
+
+
+# ---------------------------------------------------------------- this machine
+
+
+def installed_gpu_count() -> int:
+    """GPUs on this machine, without importing torch: nvidia-smi's list, else the device
+    files (a container may have the files without nvidia-smi)."""
+    try:
+        probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20)
+        if probe.returncode == 0:
+            return sum(line.startswith(b"GPU ") for line in probe.stdout.splitlines())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return sum(bool(re.fullmatch(r"nvidia[0-9]+", p.name)) for p in Path("/dev").glob("nvidia*"))
+
+
+def visible_gpu_count() -> int:
+    """CUDA devices a process started from here sees: CUDA_VISIBLE_DEVICES narrows the
+    installed ones, and CUDA ignores everything from its first empty or -1 entry on."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return installed_gpu_count()
+    entries = [e.strip() for e in mask.split(",")]
+    listed = next((i for i, e in enumerate(entries) if e in ("", "-1")), len(entries))
+    return min(listed, installed_gpu_count()) if listed else 0
+
+
+def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
+    """More GPUs than are visible would quietly train that many CPU processes (the engine's
+    device=auto falls back to the CPU); a dry run may be meant for another machine: a warning."""
+    visible = visible_gpu_count()
+    if gpus <= visible:
+        return
+    fewer = f"GPUS={visible} or fewer, or " if visible else ""
+    problem = f"{label}={gpus} but {visible} CUDA device(s) are visible here"
+    fix = f"set {fewer}GPUS=0 for CPU processes (PROCS=N for N of them)"
+    if not dry:
+        raise UserError(f"{problem}; {fix}")
+    print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
+
+
+def git_short_sha(src: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def default_image(src: Path) -> str:
+    """recipes:<git short sha> names the source an image was built from; recipes:dev when
+    there is no git history."""
+    sha = git_short_sha(src)
+    return f"recipes:{sha}" if sha else "recipes:dev"
+
+
+# ---------------------------------------------------------------- the recipe
+
+
+def recipes_dir(env: Mapping[str, str]) -> Path:
+    return Path(env.get("RECIPES_DIR") or catalog.RECIPES_DIR)
+
+
+def recipe_names(env: Mapping[str, str]) -> list[str]:
+    """The recipes: folders of RECIPES_DIR holding a config.yaml."""
+    return catalog.available(recipes_dir(env))
+
+
+def _names(env: Mapping[str, str]) -> str:
+    return ", ".join(recipe_names(env)) or "none"
+
+
+def recipe_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    label, recipe = pick(args.recipe, "--recipe", env, "RECIPE") or ("RECIPE", "digits")
+    if not RECIPE_NAME.fullmatch(recipe):
+        raise UserError(
+            f"{label}={recipe!r} is not a recipe name (letters, digits, '_', '.', '-'; "
+            f"no path); use one of: {_names(env)}"
+        )
+    return recipe
+
+
+def recipe_variants(recipe: str, env: Mapping[str, str]) -> list[str]:
+    """The recipe's configs besides config.yaml (CONFIG=NAME)."""
+    try:
+        return catalog.variants(recipe, recipes_dir(env))
+    except ConfigError as err:
+        raise UserError(f"{err} (set RECIPE=NAME)") from None
+
+
+def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> dict:
+    """config.yaml with the variant's file layered on it, as the engine layers them."""
+    folder = recipes_dir(env)
+    try:
+        catalog.config_path(recipe, folder)
+    except ConfigError:
+        raise UserError(
+            f"unknown recipe {recipe!r}; available: {_names(env)} (set RECIPE=NAME)"
+        ) from None
+    if variant:
+        try:
+            catalog.variant_path(recipe, variant, folder)
+        except ConfigError as err:
+            raise UserError(str(err)) from None
+    try:
+        return catalog.layered_yaml(recipe, variant, folder)
+    except ConfigError as err:  # the file is not YAML, or not a mapping of sections
+        raise UserError(f"{err}; fix the file") from None
+
+
+# ---------------------------------------------------------------- overrides and counts
+
+
+def parse_overrides(args_text: str, extra: list[str]) -> tuple[str, ...]:
+    try:
+        words = shlex.split(args_text)
+    except ValueError as e:
+        raise UserError(f"ARGS cannot be split into words ({e}); check its quotes") from None
+    overrides = (*words, *extra)
+    for o in overrides:
+        if not OVERRIDE.match(o):
+            raise UserError(
+                f"override {o!r} is not key=value; write e.g. ARGS='optim.lr=0.2 train.epochs=5'"
+            )
+    return overrides
+
+
+def override_value(overrides: tuple[str, ...], key: str) -> str | None:
+    values = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == key]
+    return values[-1] if values else None
+
+
+def run_name(overrides: tuple[str, ...]) -> str | None:
+    """run.name from the overrides, if given: a folder name."""
+    name = override_value(overrides, "run.name")
+    if name is not None and not RUN_NAME.fullmatch(name):
+        raise UserError(f"run.name={name!r}: use letters, digits, '.', '_' and '-' only")
+    return name
+
+
+def process_counts(args: argparse.Namespace, env: Mapping[str, str]):
+    """(GPUS's (label, text) if given, GPUs per node, nodes, CPU processes per node)."""
+    picked = pick(args.gpus, "--gpus", env, "GPUS")
+    fix = "use GPUS=0 for CPU or GPUS=N for N GPUs per node"
+    gpus = whole(*picked, 0, fix) if picked else int(visible_gpu_count() > 0)
+    nodes = pick(args.nodes, "--nodes", env, "NODES") or ("NODES", "1")
+    nodes = whole(*nodes, 1, "use NODES=1 for one machine")
+    procs = pick(args.procs, "--procs", env, "PROCS") or ("PROCS", "1")
+    procs = whole(*procs, 1, "use PROCS=N for N CPU processes")
+    if procs > 1 and gpus > 0:
+        raise UserError(
+            f"PROCS={procs} is for CPU runs, but GPUS={gpus}: GPU runs start one process per "
+            f"GPU, so use GPUS=N alone, or GPUS=0 PROCS={procs} for CPU processes"
+        )
+    return picked, gpus, nodes, procs
+
+
+def rendezvous(
+    args: argparse.Namespace, env: Mapping[str, str], nodes: int, name: str | None, target: str
+) -> str | None:
+    """HOST:PORT of the first node, required where the same command runs on every node."""
+    rdzv = pick(args.rdzv_endpoint, "--rdzv-endpoint", env, "RDZV_ENDPOINT")
+    if rdzv and not ENDPOINT.fullmatch(rdzv[1]):
+        raise UserError(f"{rdzv[0]}={rdzv[1]!r} is not HOST:PORT; e.g. RDZV_ENDPOINT=node1:29500")
+    # The same command runs on every node: they must agree on the rendezvous and the run.
+    if nodes > 1 and target in PER_NODE_TARGETS and (not rdzv or name is None):
+        raise UserError(
+            f"NODES={nodes} runs this command on each node; set RDZV_ENDPOINT=HOST:PORT "
+            "(the first node) and one run name for all, ARGS='run.name=NAME'"
+        )
+    return rdzv[1] if rdzv else None
+
+
+def max_restarts(args: argparse.Namespace, env: Mapping[str, str], target: str) -> int:
+    picked = pick(args.max_restarts, "--max-restarts", env, "MAX_RESTARTS")
+    if not picked:
+        return 0
+    restarts = whole(*picked, 0, "use MAX_RESTARTS=N to restart failed workers N times, or 0")
+    if restarts and target in SLURM_TARGETS:
+        raise UserError(
+            f"{picked[0]}={restarts} restarts torchrun's workers, but SLURM starts this run "
+            "without torchrun; leave it 0 (SLURM requeues a preempted job: MAX_REQUEUES)"
+        )
+    return restarts
+
+
+def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict) -> Slurm:
+    section = config.get("slurm") or {}
+    try:  # the same schema and messages as the engine, which validates the section too
+        build_section("slurm", SlurmConfig, section)
+    except ConfigError as err:
+        raise UserError(f"recipe config.yaml: {err}") from None
+    values = {k: v for k, v in section.items() if v is not None}
+    labels = {k: f"slurm.{k}" for k in values}
+    for name, (flag, var) in SLURM_FLAGS.items():
+        picked = pick(getattr(args, name), flag, env, var)
+        if picked:
+            labels[name], values[name] = picked
+    for name in SLURM_INTS:
+        if name in values:
+            minimum = 0 if name == "signal_delay_s" else 1
+            values[name] = whole(labels[name], str(values[name]), minimum, "fix that value")
+    setup = values.get("setup", ())
+    if isinstance(setup, str) or not all(isinstance(x, str) for x in setup):
+        raise UserError("slurm.setup must be a list of shell lines; fix config.yaml")
+    values["setup"] = tuple(setup)
+    for name, value in values.items():
+        if isinstance(value, str) and ("\n" in value or "\r" in value):
+            raise UserError(f"{labels[name]} cannot contain a line break; give one line")
+    return Slurm(**values)
+
+
+# ---------------------------------------------------------------- the request
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
+    recipe = recipe_name(args, env)
+    variant = args.config or env.get("CONFIG") or ""
+    config = recipe_config(recipe, variant, env)
+    overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
+    picked, gpus, nodes, procs = process_counts(args, env)
+    name = run_name(overrides)
+    rdzv = rendezvous(args, env, nodes, name, target)
+    restarts = max_restarts(args, env, target)
+    run_root = override_value(overrides, "run.root") or (config.get("run") or {}).get("root")
+    image = args.image or env.get("IMAGE") or ""
+    if not image and target in ("docker", "pyxis", "image", "sif"):
+        image = default_image(ROOT)
+    slurm = resolve_slurm(args, env, config)
+    if picked and target == "local":  # last: a warning never precedes an error
+        check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
+    return Request(
+        recipe=recipe,
+        run_name=name or new_run_name(recipe, variant),
+        variant=variant,
+        gpus=gpus,
+        nodes=nodes,
+        procs=procs,
+        overrides=overrides,
+        python=sys.executable,
+        image=image or "recipes:dev",
+        sif=args.sif or env.get("SIF") or "recipes.sif",
+        rdzv_endpoint=rdzv,
+        max_restarts=restarts,
+        src=str(ROOT),
+        data=env.get("RECIPES_DATA") or "data",
+        run_root=str(run_root or "runs"),
+        uid_gid=f"{os.getuid()}:{os.getgid()}",
+        slurm=slurm,
+    )
