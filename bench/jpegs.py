@@ -16,7 +16,7 @@ from PIL import Image
 
 
 def _photos() -> list[Image.Image]:
-    from sklearn.datasets import load_sample_images
+    from sklearn.datasets import load_sample_images  # optional: a site image may lack sklearn
 
     return [Image.fromarray(pixels) for pixels in load_sample_images().images]
 
