@@ -20,8 +20,10 @@ REPO = RECIPES_DIR.parent
 
 
 def available(folder: Path = RECIPES_DIR) -> list[str]:
-    """The recipes: folders under `folder` holding a config.yaml."""
-    return sorted(p.parent.name for p in folder.glob("*/config.yaml"))
+    """The recipes: folders under `folder` holding a config.yaml, named as Python modules."""
+    return sorted(
+        p.parent.name for p in folder.glob("*/config.yaml") if p.parent.name.isidentifier()
+    )
 
 
 def config_path(name: str, folder: Path = RECIPES_DIR) -> Path:

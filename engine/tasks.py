@@ -24,7 +24,7 @@ class Task(Protocol):
 
     metrics: tuple[str, ...]  # evaluation's per-sample sums, divided by the summed count
     headline: str  # the metric a run is judged by (one of metrics or derived's keys)
-    higher_is_better: bool  # the headline's direction: reports rank runs by it
+    higher_is_better: bool  # the headline's direction, recorded for reports and comparisons
     unit: str  # what count() counts ("samples", "tokens"): logged as <unit>_per_s
 
     def for_model(self, model_config: Any) -> Task:
