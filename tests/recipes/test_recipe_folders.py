@@ -1,7 +1,9 @@
 """What each recipe folder must hold besides its code, found by looking at every folder (a new
 recipe is checked with nothing to add here): a README.md with the command that runs it, its
 own test settings (tiny.yml) that layer over each config as a config file would, and, when it
-reads files, example data in its real format. recipes/README.md says how to write them."""
+reads files, example data in its real format. A recipe copied from another builds from its own
+package, and the input shape it declares is its data's. recipes/README.md says how to write
+them."""
 
 import dataclasses
 import re
@@ -12,6 +14,8 @@ from engine import catalog
 from engine.config import description, merge, read_yaml, resolve
 from tests.recipes.tiny_settings import TINY, as_overrides, tiny_overrides, tiny_path
 
+# torchvision 0.29's deprecation of its decoders, printed when an image recipe reads its data
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities")
 RECIPES = catalog.available()
 CONFIGS = [(r, v) for r in RECIPES for v in ["", *catalog.variants(r)]]
 GUIDE = "see 'Adding a recipe' in recipes/README.md"
@@ -58,3 +62,30 @@ def test_a_recipe_that_reads_files_writes_example_data_it_reads(recipe, tmp_path
     assert cfg.data.root == str(tmp_path / recipe)
     train, held_out = found.build_datasets(cfg.data)
     assert len(train) > 0 and len(held_out) > 0
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_recipe_builds_from_its_own_folder(recipe):
+    """A copied recipe.py still importing the template's builders would train the template."""
+    found = catalog.load(recipe)
+    for builder in ("build_model", "build_datasets"):
+        module = getattr(found, builder).__module__
+        assert module.startswith(f"recipes.{recipe}."), (
+            f"recipes/{recipe}/recipe.py registers {builder} from {module}: import it from "
+            f"recipes.{recipe} (copied from another recipe?)"
+        )
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_declared_sample_shape_is_the_training_inputs(recipe, tmp_path):
+    """Recipe.sample_shape feeds the FLOPs count (MFU): it must be what the model is given."""
+    found = catalog.load(recipe)
+    if found.sample_shape is None:
+        return
+    cfg, _ = catalog.load_config(recipe, tiny_overrides(recipe, tmp_path))
+    train, _ = found.build_datasets(cfg.data)
+    x, _ = train[0]
+    assert tuple(found.sample_shape(cfg.data)) == tuple(x.shape), (
+        f"recipes/{recipe}: Recipe.sample_shape gives {tuple(found.sample_shape(cfg.data))}, "
+        f"a training input is {tuple(x.shape)}"
+    )
