@@ -105,17 +105,35 @@ def test_a_tampered_newest_checkpoint_is_skipped_and_the_run_resumes_bitwise(roo
 
 
 def test_a_torn_metrics_line_is_dropped_on_resume(root, reference):
-    """A kill mid-write of metrics.jsonl leaves half a line; the resume says so, drops it and
-    the steps after the checkpoint, and trains on to the same weights."""
-    run_engine(root, "torn", *SHORT, "train.stop_at_step=6", "log.every_steps=1")
+    """The run got past its last checkpoint (step 6) and was killed after step 7, mid-write
+    of step 8's metrics line: metrics.jsonl holds a record of a step the checkpoint does not
+    cover and half a line. The resume says the torn line, drops it and the records after the
+    checkpoint's step, and trains on to the same weights and the same metrics.jsonl as an
+    uninterrupted run."""
+    every_step = [*SHORT, "log.every_steps=1"]
+    killed = run_engine(root, "torn", *every_step, "fault.signal_at_step=7", check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    newest = ckpt.list_checkpoints(run_dir(root, "torn") / "checkpoints")[0]
+    assert ckpt.step_of(newest) == 6
+    assert [r["step"] for r in records(root, "torn", "train")] == list(range(1, 8))
     metrics = run_dir(root, "torn") / "metrics.jsonl"
     with metrics.open("a") as f:
-        f.write('{"kind": "train", "step": 7, "lo')
-    out = run_engine(root, "torn", *SHORT, "log.every_steps=1")
-    assert "metrics.jsonl: line 7 dropped, torn" in out.stderr, out.stderr[-2000:]
+        f.write('{"kind": "train", "step": 8, "lo')
+    out = run_engine(root, "torn", *every_step)
+    assert "metrics.jsonl: line 8 dropped, torn" in out.stderr, out.stderr[-2000:]
     steps = [r["step"] for r in records(root, "torn", "train")]
     assert steps == list(range(1, 13))  # each step once: no torn or repeated record
     assert same_weights(final_weights(root, "torn"), reference)
+    run_engine(root, "torn-reference", *every_step)
+    assert measured(root, "torn") == measured(root, "torn-reference")
+
+
+def measured(root, name) -> list[dict]:
+    """Every record of metrics.jsonl in order, less what the clock decides (throughput and
+    the time spent waiting for data)."""
+    lines = (run_dir(root, name) / "metrics.jsonl").read_text().splitlines()
+    clocked = ("samples_per_s", "tokens_per_s", "data_wait", "mfu", "gpu_mem_gb")
+    return [{k: v for k, v in json.loads(line).items() if k not in clocked} for line in lines]
 
 
 # ---------------------------------------------------------------- the run directory

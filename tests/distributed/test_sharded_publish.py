@@ -1,0 +1,149 @@
+"""The last step of a sharded checkpoint save, the rename of `.step-<n>.partial` into place
+on rank 0, is agreed by every rank (engine.checkpoint.sharded: `_publish` run inside
+`_together`): no rank returns from save before the checkpoint is published, and a rename
+that fails on rank 0 fails the save on every rank.
+
+Two real gloo processes on CPU; this file runs itself as a script (`slow-rename`,
+`failed-rename`) and rank 0 patches its own rename of the partial directory. Each rank
+writes what it saw the moment save ended; the parent checks both. The process group's
+timeout is short, so a rank left waiting fails instead of hanging."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+STEP = 3
+RENAME_DELAY_S = 3.0  # rank 0 holds the rename this long; a rank not waiting looks meanwhile
+GROUP_TIMEOUT_S = 30
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+def run_case(case: str, folder: Path) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
+    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, str(HERE), case, str(folder), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=3 * GROUP_TIMEOUT_S + 60,
+        env=env,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return [json.loads((folder / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_no_rank_returns_from_save_before_rank_0_has_published_the_checkpoint(tmp_path):
+    ranks = run_case("slow-rename", tmp_path)
+    for rank, seen in enumerate(ranks):
+        assert seen["error"] is None, (rank, seen)
+        assert seen["renames_held"] == (1 if rank == 0 else 0), (rank, seen)
+        # the moment save returned, the step directory was in place, complete, listed
+        assert seen["published"], (rank, seen)
+        assert seen["listed"] == [f"step-{STEP:08d}"], (rank, seen)
+        assert seen["partial_left"] is False, (rank, seen)
+        assert seen["meta_step"] == STEP, (rank, seen)
+
+
+def test_a_failed_rename_on_rank_0_fails_the_save_on_every_rank(tmp_path):
+    ranks = run_case("failed-rename", tmp_path)
+    assert ranks[0]["renames_held"] == 1
+    for rank in (1, 0):
+        seen = ranks[rank]
+        error = seen["error"]
+        assert error is not None, f"rank {rank} returned from save as if the checkpoint counted"
+        assert error["oserror"], (rank, error)  # an OSError, as a full disk would be
+        assert error["errno"] == errno.EACCES, (rank, error)
+        assert "rank 0" in error["strerror"], (rank, error)  # who failed, on every rank
+        assert seen["listed"] == [], (rank, seen)  # nothing was published
+    assert ranks[0]["error"] == ranks[1]["error"]
+
+
+# ---------------------------------------------------------------- the script
+
+
+def _hold_partial_renames(case: str, count: list[int]) -> None:
+    """Rank 0's os.rename and os.replace (pathlib's rename calls os.rename) of the partial
+    directory: slowed, or failing with EACCES. Every other rename is left alone."""
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+
+        def held(src, dst, *args, _real=real, **kwargs):
+            if Path(os.fsdecode(src)).name.endswith(".partial") and Path(src).is_dir():
+                count[0] += 1
+                if case == "failed-rename":
+                    raise OSError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(src))
+                time.sleep(RENAME_DELAY_S)
+            return _real(src, dst, *args, **kwargs)
+
+        setattr(os, name, held)
+
+
+def _rank_main(rank: int, case: str, folder: Path, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from engine import checkpoint as ckpt
+    from engine.checkpoint import sharded
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).square().mean().backward()
+    optimizer.step()
+    checkpoints = folder / "checkpoints"
+    path = ckpt.sharded_path(checkpoints, STEP)
+    held = [0]
+    if rank == 0:
+        _hold_partial_renames(case, held)
+    seen = {"error": None}
+    try:
+        sharded.save(path, model, optimizer, {"step": STEP})
+    except Exception as err:  # recorded, for the parent to say what went wrong
+        seen["error"] = {
+            "type": type(err).__name__,
+            "oserror": isinstance(err, OSError),
+            "errno": getattr(err, "errno", None),
+            "strerror": getattr(err, "strerror", None) or str(err),
+        }
+    # what this rank finds at once, before any other collective could let rank 0 catch up
+    seen["published"] = path.is_dir() and {"meta.pt", ".metadata"} <= {
+        p.name for p in path.iterdir()
+    }
+    seen["partial_left"] = any(p.name.endswith(".partial") for p in checkpoints.iterdir())
+    seen["listed"] = [p.name for p in ckpt.list_checkpoints(checkpoints)]
+    seen["meta_step"] = sharded.read_meta(path)["step"] if seen["published"] else None
+    seen["renames_held"] = held[0]
+    (folder / f"rank-{rank}.json").write_text(json.dumps(seen))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_main, args=(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])), nprocs=2)
