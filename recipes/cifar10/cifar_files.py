@@ -147,8 +147,8 @@ def download(root: Path) -> None:
         return
     # Imported here: torchvision is slow to import and only a download needs it. Only the
     # class attributes of CIFAR10 are used: its own loader would plain-unpickle the files.
-    from torchvision.datasets import CIFAR10
-    from torchvision.datasets.utils import download_and_extract_archive
+    from torchvision.datasets import CIFAR10  # start-up time: only a download needs it
+    from torchvision.datasets.utils import download_and_extract_archive  # start-up time
 
     previous = socket.getdefaulttimeout()
     if previous is None:  # torchvision's urlopen sets no timeout: a stalled server would hang

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from engine.config import bounded
+from engine.config import ConfigError, bounded
 from engine.data.device import DeviceImages
 from recipes.cifar10 import cifar_files
 
@@ -67,8 +67,6 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         train = DeviceImages(train_x, train_y, MEAN, STD, cfg.flip, cfg.padding, classes)
         return train, DeviceImages(test_x, test_y, MEAN, STD, classes=classes)
     if cfg.flip == "alternate":
-        from engine.config import ConfigError
-
         raise ConfigError("data.flip=alternate needs data.on_device=true; use data.flip=random")
     return (
         CifarImages(train_x, train_y, _per_sample(cfg, True), classes),

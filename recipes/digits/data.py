@@ -43,7 +43,7 @@ def digits_table() -> tuple[np.ndarray, np.ndarray]:
     spec = importlib.util.find_spec("sklearn")
     table = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
     if not table.exists():  # another scikit-learn layout: its own loader
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # start-up time: seconds, rarely needed
 
         digits = load_digits()
         return digits.images, digits.target

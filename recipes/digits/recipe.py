@@ -1,4 +1,4 @@
-from engine.recipe import Recipe, flip_width
+from engine.recipe import Recipe
 from recipes.digits.data import DataConfig, build_datasets
 from recipes.digits.model import ModelConfig, build_model
 
@@ -8,5 +8,4 @@ RECIPE = Recipe(
     data_config=DataConfig,
     build_datasets=build_datasets,
     sample_shape=lambda data: (1, 8, 8),
-    mirror=flip_width,
 )

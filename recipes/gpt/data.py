@@ -44,7 +44,7 @@ class ByteBlocks(Dataset):
 
 def default_corpus() -> bytes:
     """Python's documentation topics, in sorted key order, as UTF-8."""
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # start-up time: a large module, only by default
 
     return "".join(topics[key] for key in sorted(topics)).encode("utf-8")
 

@@ -1,0 +1,54 @@
+"""What the engine needs from a recipe comes from the recipe or its task: a declared Task
+interface every recipe's task satisfies, top-k only below the class count, and the mirror
+view for eval.hflip_tta only where the recipe declares one."""
+
+import pytest
+import torch
+
+from engine import catalog
+from engine.tasks import Classification, NextToken, Task
+from tests.helpers import run_dir, run_engine
+
+
+@pytest.mark.parametrize("name", catalog.available())
+def test_every_recipes_task_satisfies_the_interface(name):
+    cfg, recipe = catalog.load_config(name, [])
+    task = recipe.task.for_model(cfg.model)
+    assert isinstance(task, Task)
+    assert isinstance(task.higher_is_better, bool) and task.unit
+    assert task.metrics[0] == "loss" and "count" not in task.metrics
+    output, target = (torch.randn(3, 4, 7), torch.randint(0, 7, (3, 4)))
+    if isinstance(task, Classification):
+        output, target = torch.randn(3, 7), torch.randint(0, 7, (3,))
+    sums = task.eval_sums(output, target)
+    assert set(sums) == {*task.metrics, "count"} and all(v.shape == (3,) for v in sums.values())
+    means = {m: float(sums[m].sum() / sums["count"].sum()) for m in task.metrics}
+    assert task.headline in {*means, *task.derived(means)}
+
+
+def test_the_interface_check_refuses_a_task_without_its_direction():
+    class NoDirection(NextToken):
+        pass
+
+    assert isinstance(NoDirection(), Task)
+    del NextToken.higher_is_better
+    try:
+        assert not isinstance(NoDirection(), Task)
+    finally:
+        NextToken.higher_is_better = False
+
+
+@pytest.mark.parametrize("classes, top5", [(3, False), (5, False), (6, True), (10, True)])
+def test_top5_only_where_there_are_more_than_five_classes(classes, top5):
+    task = Classification().for_model(type("M", (), {"num_classes": classes})())
+    sums = task.eval_sums(torch.randn(4, classes), torch.randint(0, classes, (4,)))
+    assert ("top5" in task.metrics) == top5 and ("top5" in sums) == top5
+    assert ("top5" in task.describe(dict.fromkeys(task.metrics, 0.5))) == top5
+
+
+def test_hflip_tta_is_refused_for_a_recipe_without_a_mirror_view(tmp_path):
+    out = run_engine(tmp_path, "tta", "train.max_steps=1", "eval.hflip_tta=true", check=False)
+    assert out.returncode == 2, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert "eval.hflip_tta" in line and "Recipe.mirror" in line and "Traceback" not in out.stderr
+    assert not run_dir(tmp_path, "tta").exists()

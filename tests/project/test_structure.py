@@ -1,0 +1,54 @@
+"""The structure make lint cannot see: imports inside functions, each with its reason.
+
+An import belongs at the top of its module; inside a function only for an optional
+dependency (the run works without it) or for start-up time (seconds of imports a run that
+does not need them should not pay), and the line says which."""
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("engine", "launch", "recipes", "bench")
+REASONS = ("# optional", "# start-up time")
+
+
+def imports_inside_functions(path: Path) -> list[int]:
+    """Line numbers of the import statements nested in a function of the file."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines += [
+                sub.lineno for sub in ast.walk(node) if isinstance(sub, ast.Import | ast.ImportFrom)
+            ]
+    return sorted(set(lines))
+
+
+def comments(path: Path) -> dict[int, str]:
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return {t.start[0]: t.string for t in tokens if t.type == tokenize.COMMENT}
+
+
+def unexplained(path: Path) -> list[int]:
+    said = comments(path)
+    return [n for n in imports_inside_functions(path) if not said.get(n, "").startswith(REASONS)]
+
+
+def test_every_import_inside_a_function_says_why():
+    files = [p for name in PACKAGES for p in sorted((ROOT / name).rglob("*.py"))]
+    assert len(files) > 50
+    missing = [f"{p.relative_to(ROOT)}:{n}" for p in files for n in unexplained(p)]
+    assert not missing, (
+        f"imports inside functions without '# optional' or '# start-up time': {missing}"
+    )
+
+
+def test_the_check_finds_an_unexplained_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "def a():\n    import json\n\n\ndef b():\n    import csv  # optional\n\n\n"
+        "def c():\n    import zlib  # start-up time: seconds\n"
+    )
+    assert imports_inside_functions(planted) == [2, 6, 10]
+    assert unexplained(planted) == [2]
