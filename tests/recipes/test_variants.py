@@ -10,7 +10,7 @@ import pytest
 from engine import config as C
 from engine.catalog import load_config
 from tests.helpers import REPO, engine_env
-from tests.unit.test_launch_cli import clean_env, launch, one_line
+from tests.launch.test_launch_cli import clean_env, launch, one_line
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
