@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from engine.config import build_section, merge, read_yaml
-from recipes.gpt.data import DataConfig
+from engine import catalog
 from recipes.gpt.model import ModelConfig, build_model
 
-HERE = Path(__file__).resolve().parent
 GPUS = 8
 GIB = 2**30
 
@@ -41,15 +38,11 @@ class Setup:
 
 
 def load(variant: str, gpus: int = GPUS) -> Setup:
-    """The variant's model, block size and micro batch, from its YAML over config.yaml."""
-    tree = read_yaml(HERE / "config.yaml")
-    if variant != "config":
-        tree = merge(tree, read_yaml(HERE / f"{variant}.yaml"))
-    model = build_section("model", ModelConfig, tree.get("model", {}))
-    data = build_section("data", DataConfig, tree.get("data", {}))
-    train = tree.get("train", {})
-    micro = train.get("micro_batch_size") or max(1, train.get("batch_size", 64) // gpus)
-    return Setup(variant, model, data.block_size, micro)
+    """The variant's model, block size and micro batch, layered as a run's config is."""
+    cfg, _ = catalog.load_config("gpt", [], "" if variant == "config" else variant)
+    train = cfg.train
+    micro = train.micro_batch_size or max(1, train.batch_size // gpus)
+    return Setup(variant, cfg.model, cfg.data.block_size, micro)
 
 
 def unit_sizes(cfg: ModelConfig) -> tuple[int, int]:
@@ -128,7 +121,7 @@ def table(setup: Setup, gpus: int = GPUS) -> str:
 
 def main(argv: list[str]) -> None:
     variant = argv[0] if argv else "1b"
-    known = ["config", *sorted(p.stem for p in HERE.glob("*.yaml") if p.stem != "config")]
+    known = ["config", *catalog.variants("gpt")]
     if variant not in known or len(argv) > 1:
         sys.exit(f"usage: python -m recipes.gpt.memory [{'|'.join(known)}] (default 1b)")
     print(table(load(variant)))
