@@ -14,13 +14,15 @@ import datetime
 import errno
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from engine.spawn import free_port
+from tests.helpers import engine_env
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -32,12 +34,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def run_case(case: str, folder: Path) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
-    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    port, env = free_port(), engine_env()
     out = subprocess.run(
         [sys.executable, str(HERE), case, str(folder), str(port)],
         capture_output=True,

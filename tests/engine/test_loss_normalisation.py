@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine.spawn import free_port
 from engine.tasks import IGNORE
+from tests.helpers import engine_env
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -137,12 +138,7 @@ def test_one_process_step_gradient_is_the_global_sum_over_the_counted_tokens(tmp
 def test_two_processes_step_gradient_is_the_global_sum_over_the_counted_tokens(tmp_path):
     """2 processes x 1 micro batch and 2 x 2: the count is summed over the ranks, and the
     gradients DDP averages over them are those of the global loss."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
-    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    port, env = free_port(), engine_env()
     out = subprocess.run(
         [sys.executable, str(HERE), "worker", str(tmp_path), str(port)],
         capture_output=True,
