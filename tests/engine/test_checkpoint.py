@@ -1,10 +1,15 @@
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
+from engine import catalog
 from engine import checkpoint as ckpt
-from engine.checkpoint.state import config_changes
+from engine.catalog import load_config
+from engine.checkpoint.state import check_config_drift, config_changes
 from engine.config import ConfigError
+from engine.tracking import redact
 from recipes.digits.model import ModelConfig, build_model
 from tests.helpers import PicklePayload
 
@@ -128,3 +133,17 @@ def test_weights_only_refuses_arbitrary_objects(tmp_path):
 def test_missing_resume_path_is_a_user_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         ckpt.load(tmp_path / "nope.pt")
+
+
+def test_a_recipes_resume_safe_keys_may_change_on_resume_and_no_others(tmp_path):
+    """check_config_drift allows what Recipe.resume_safe names (cifar10: data.download) and
+    still refuses the same change for a recipe that does not name it."""
+    cfg, recipe = load_config("digits", [f"run.root={tmp_path}"])
+    saved = redact(cfg.to_dict())
+    saved["data"]["shift"] = cfg.data.shift + 1
+    source = (tmp_path / "step-00000001.pt", {"config": saved})
+    with pytest.raises(ConfigError, match=r"another config \(data.shift"):
+        check_config_drift(cfg, recipe, source, is_main=True)
+    lenient = dataclasses.replace(recipe, resume_safe=("data.shift",))
+    check_config_drift(cfg, lenient, source, is_main=True)  # allowed, and said
+    assert "data.download" in catalog.load("cifar10").resume_safe
