@@ -9,6 +9,7 @@ override such as '"; rm -rf x"' stays one inert argument in every target.
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -17,7 +18,20 @@ DATA_MOUNT = "/data"  # the data root inside a container (RECIPES_DATA points he
 PREEMPTED = 75  # engine exit code: stopped on SIGUSR2 with a checkpoint saved
 # Passed into containers by name only (`-e NAME`): docker copies the value from the caller's
 # environment, so no secret ever appears in a printed command or a process listing.
-PASSTHROUGH_ENV = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY")
+PASSTHROUGH_ENV = (
+    "WANDB_API_KEY",
+    "WANDB_MODE",
+    "WANDB_PROJECT",
+    "WANDB_ENTITY",
+    "WANDB_DIR",
+    "WANDB_RUN_GROUP",
+)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a name alone: `-e NAME=value` shows the value
+# NVIDIA's settings for PyTorch in a container, given where NCCL may run (GPUs or several
+# nodes): NCCL pins its buffers, which docker's default locked-memory limit (64 KiB) refuses,
+# and a 64 MiB stack. A one-node CPU run goes without: rootless docker cannot raise the limit.
+ULIMITS = ("memlock=-1", "stack=67108864")
+INFINIBAND = "/dev/infiniband"  # the host's RDMA devices, for NCCL across nodes
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,10 @@ class Request:
     data: str = "data"  # host data root (RECIPES_DATA), mounted at /data
     run_root: str = "runs"  # run.root of the engine config
     uid_gid: str | None = None  # docker -u; None: the image's user
+    # More variables docker passes through by name (e.g. the caller's NCCL_* settings), beside
+    # PASSTHROUGH_ENV; names only, never values.
+    passthrough_env: tuple[str, ...] = ()
+    infiniband: bool = False  # the host has /dev/infiniband: docker maps it into the container
     slurm: Slurm = field(default_factory=Slurm)
 
     @property
@@ -129,32 +147,57 @@ def _host(req: Request, path: str) -> str:
     return path if posixpath.isabs(path) else posixpath.join(req.src, path)
 
 
-def _container_runs(req: Request) -> str:
+def _runs_mount(req: Request) -> tuple[str, str] | None:
+    """The runs folder's own mount, needed only outside the checkout: an absolute run.root
+    (the same path inside) or a relative one that climbs out of it (`../runs`). Any other
+    relative run.root lies inside the mounted checkout already."""
     root = req.run_root
-    return root if posixpath.isabs(root) else posixpath.join(WORKDIR, root)
+    if posixpath.isabs(root):
+        return root, root
+    inside = posixpath.normpath(root)
+    if inside != ".." and not inside.startswith("../"):
+        return None
+    host = posixpath.normpath(posixpath.join(req.src, inside))
+    return host, posixpath.normpath(posixpath.join(WORKDIR, inside))
 
 
 def _mounts(req: Request) -> list[tuple[str, str]]:
-    return [
-        (req.src, WORKDIR),
-        (_host(req, req.data), DATA_MOUNT),
-        (_host(req, req.run_root), _container_runs(req)),
-    ]
+    """The checkout at /workspace, the data root at /data, and the runs folder where it is
+    not inside the checkout, each once."""
+    runs = _runs_mount(req)
+    return [(req.src, WORKDIR), (_host(req, req.data), DATA_MOUNT), *([runs] if runs else [])]
+
+
+def passed_env(req: Request) -> list[str]:
+    """The names docker passes through (`-e NAME`): PASSTHROUGH_ENV and the request's own,
+    sorted, each once. A name with a value in it (`NAME=value`) is refused: it would be shown."""
+    for name in req.passthrough_env:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"passthrough_env: {name!r} is not a variable name")
+    return sorted({*PASSTHROUGH_ENV, *req.passthrough_env})
 
 
 def docker_run(req: Request) -> list[str]:
-    """`docker run` of the engine command in the image (python on PATH, WORKDIR /workspace)."""
+    """`docker run` of the engine command in the image (python on PATH, WORKDIR /workspace),
+    with NVIDIA's settings for PyTorch: the host's IPC namespace; with GPUs or several nodes,
+    unlimited locked memory and a 64 MiB stack; /dev/infiniband where the host has it.
+    Variables pass by name only."""
     argv = ["docker", "run", "--rm", "--pull=never", "--ipc=host"]
+    if req.gpus or req.nodes > 1:
+        for limit in ULIMITS:
+            argv += ["--ulimit", limit]
     if req.gpus:
         argv.append(f"--gpus={req.gpus}")
     if req.nodes > 1:
         argv.append("--network=host")  # torchrun's rendezvous must reach the other nodes
+    if req.infiniband:
+        argv.append(f"--device={INFINIBAND}")
     if req.uid_gid:
         argv += ["-u", req.uid_gid]  # files in runs/ stay the caller's (the image's HOME is 1777)
     for host, inside in _mounts(req):
         argv += ["-v", f"{host}:{inside}"]
     argv += ["-w", WORKDIR, "-e", f"RECIPES_DATA={DATA_MOUNT}"]
-    for name in PASSTHROUGH_ENV:
+    for name in passed_env(req):
         argv += ["-e", name]
     return [*argv, req.image, *engine_command(req, "python")]
 

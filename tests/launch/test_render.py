@@ -1,14 +1,16 @@
 """launch.render: every target's argv, flags, quoting, ranks, and the injection string."""
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from launch import render
+from launch import cli, render
 from launch.render import Request, Slurm
 
+ROOT = Path(__file__).resolve().parents[2]
 PY = "/venv/bin/python"
 INJECT = '"; rm -rf x"'  # must stay one inert argv element everywhere
 INJECT_KV = "note=$(touch pwned); `touch pwned2` ' \" \\ ;"
@@ -129,7 +131,7 @@ def test_docker_run_gpus_mounts_user_and_secrets_by_name(monkeypatch):
     assert "--gpus=2" in argv
     assert argv[argv.index("-u") + 1] == "1000:1000"
     vols = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
-    assert vols == ["/src:/workspace", "/big/data:/data", "/src/runs:/workspace/runs"]
+    assert vols == ["/src:/workspace", "/big/data:/data"]  # runs/ is inside the checkout
     envs = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
     for name in ("WANDB_API_KEY", "WANDB_MODE"):
         assert name in envs  # by name: docker copies the caller's value
@@ -159,6 +161,84 @@ def test_docker_multi_node_uses_host_network_and_rendezvous():
     assert "--network=host" in argv and "--rdzv_endpoint=n1:29500" in argv
 
 
+WANDB_ENV = [
+    "WANDB_API_KEY", "WANDB_DIR", "WANDB_ENTITY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_RUN_GROUP"
+]  # fmt: skip
+
+
+def env_flags(names):
+    return [flag for name in names for flag in ("-e", name)]
+
+
+def test_docker_multi_node_gpus_exact_argv_as_nvidia_runs_pytorch():
+    r = req(
+        gpus=8, nodes=2, rdzv_endpoint="n1:29500", uid_gid="1000:1000", infiniband=True,
+        passthrough_env=("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "WANDB_MODE", "NCCL_DEBUG"),
+    )  # fmt: skip
+    names = sorted(["NCCL_DEBUG", "NCCL_SOCKET_IFNAME", *WANDB_ENV])
+    assert render.docker_run(r) == [
+        "docker", "run", "--rm", "--pull=never", "--ipc=host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "--gpus=8", "--network=host", "--device=/dev/infiniband", "-u", "1000:1000",
+        "-v", "/src:/workspace", "-v", "/src/data:/data",
+        "-w", "/workspace", "-e", "RECIPES_DATA=/data", *env_flags(names),
+        "img:1", "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=8",
+        "--rdzv_backend=c10d", "--rdzv_endpoint=n1:29500", "--rdzv_id=RUN",
+        "-m", "engine.train", "digits", "run.name=RUN",
+    ]  # fmt: skip
+
+
+def test_docker_one_gpu_has_the_ulimits_and_no_infiniband_unless_the_host_has_it():
+    assert render.docker_run(req(gpus=1)) == [
+        "docker", "run", "--rm", "--pull=never", "--ipc=host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--gpus=1",
+        "-v", "/src:/workspace", "-v", "/src/data:/data",
+        "-w", "/workspace", "-e", "RECIPES_DATA=/data", *env_flags(WANDB_ENV),
+        "img:1", "python", "-m", "engine.train", "digits", "run.name=RUN",
+    ]  # fmt: skip
+
+
+def test_docker_one_node_cpu_exact_argv_has_no_ulimits():
+    """No NCCL on one CPU node, and rootless docker cannot raise the locked-memory limit."""
+    assert render.docker_run(req(gpus=0, run_root="/scratch/runs")) == [
+        "docker", "run", "--rm", "--pull=never", "--ipc=host",
+        "-v", "/src:/workspace", "-v", "/src/data:/data", "-v", "/scratch/runs:/scratch/runs",
+        "-w", "/workspace", "-e", "RECIPES_DATA=/data", *env_flags(WANDB_ENV),
+        "img:1", "python", "-m", "engine.train", "digits", "device=cpu", "run.name=RUN",
+    ]  # fmt: skip
+
+
+def test_docker_cpu_on_several_nodes_has_the_ulimits_too():
+    argv = render.docker_run(req(gpus=0, nodes=2, rdzv_endpoint="n1:1"))
+    assert argv[5:9] == ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+
+
+@pytest.mark.parametrize("name", ["NCCL_DEBUG=INFO", "", "1NCCL", "NCCL DEBUG", "A;touch x"])
+def test_docker_passthrough_takes_names_only(name):
+    with pytest.raises(ValueError, match="not a variable name"):
+        render.docker_run(req(passthrough_env=(name,)))
+
+
+@pytest.mark.parametrize(
+    "run_root,mount",
+    [
+        ("runs", None),  # inside the mounted checkout: no mount of its own
+        ("./out/runs", None),
+        ("/scratch/runs", "/scratch/runs:/scratch/runs"),
+        ("../runs", "/runs:/runs"),  # climbs out of the checkout (/src/../runs = /runs)
+    ],
+)
+def test_each_folder_is_mounted_once_in_every_container(run_root, mount):
+    r = req(src="/src", run_root=run_root)
+    expected = ["/src:/workspace", "/src/data:/data", *([mount] if mount else [])]
+    argv = render.docker_run(r)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-v"] == expected
+    pyxis = render.pyxis(r)
+    assert f"--container-mounts={','.join(expected)}" in pyxis
+    apptainer = render.apptainer(r)
+    assert apptainer[apptainer.index("--bind") + 1] == ",".join(expected)
+
+
 def test_docker_relative_data_is_under_the_checkout_and_absolute_run_root_kept():
     argv = render.docker_run(req(gpus=0, data="data", run_root="/scratch/runs"))
     vols = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
@@ -173,7 +253,7 @@ def test_pyxis_srun_one_task_per_gpu_in_the_container():
         "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--partition=gpu",
         "--account=acct", "--time=30", "--cpus-per-task=8", "--container-image=img:1",
         "--container-workdir=/workspace", "--signal=USR2@120",
-        "--container-mounts=/src:/workspace,/src/data:/data,/src/runs:/workspace/runs",
+        "--container-mounts=/src:/workspace,/src/data:/data",
     ):  # fmt: skip
         assert flag in argv, flag
     i = argv.index("python")
@@ -192,11 +272,28 @@ def test_apptainer_exec_nv_only_with_gpus(gpus, nv):
     argv = render.apptainer(req(gpus=gpus, sif="/img/r.sif"))
     assert argv[:2] == ["apptainer", "exec"]
     assert ("--nv" in argv) is nv
-    assert argv[argv.index("--bind") + 1] == (
-        "/src:/workspace,/src/data:/data,/src/runs:/workspace/runs"
-    )
+    assert argv[argv.index("--bind") + 1] == "/src:/workspace,/src/data:/data"
     assert argv[argv.index("--pwd") + 1] == "/workspace"
     assert argv[argv.index("/img/r.sif") + 1] == "python"
+
+
+def documented_commands(path: Path) -> list[str]:
+    """Each command of a Markdown file's bash blocks, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+    text = "\n".join(blocks).replace("\\\n", " ")
+    return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+
+
+def test_the_documented_multi_node_apptainer_command_is_what_renders(capsys):
+    """docs/container.md: apptainer on 2 nodes is torchrun with a c10d rendezvous inside one
+    `apptainer exec` per node (not SLURM's ranks), printed by the documented render command."""
+    lines = documented_commands(ROOT / "docs" / "container.md")
+    (ask,) = [x for x in lines if x.startswith("python -m launch render --target apptainer")]
+    (shown,) = [x for x in lines if x.startswith("apptainer exec")]
+    assert cli.main(shlex.split(ask)[3:], env={}) == 0
+    printed = shlex.split(capsys.readouterr().out)
+    assert printed == [w.replace("$PWD", str(ROOT)) for w in shlex.split(shown)]
+    assert "--nnodes=2" in printed and "--standalone" not in printed
 
 
 def test_image_build_records_sha_lock_and_tag():
