@@ -78,7 +78,7 @@ def check_out(out: Path, force: bool) -> Path:
     if out.is_dir():
         raise ExportError(f"{out} is a directory; name the file to write")
     if out.exists() and not force:
-        raise ExportError(f"{out} exists; pass --force to replace it")
+        raise ExportError(f"{out} exists; pass --force (make export ... FORCE=1) to replace it")
     return out
 
 
@@ -116,9 +116,21 @@ def read_weights(path: Path, ema: bool) -> tuple[dict[str, torch.Tensor], dict[s
     }
     if not tensors:
         raise ExportError(f"{path} holds no weights")
-    config = state.get("config") or {}
-    info = {"recipe": str(config.get("recipe", "")), "step": state.get("step", "?")}
+    info = {"recipe": recipe_of(state, path), "step": state.get("step", "?")}
     return tensors, info | {"source": f"{path.parent.parent.name}/{path.name}"}
+
+
+def recipe_of(state: dict[str, Any], path: Path) -> str:
+    """The recipe that trained the checkpoint: its config's `recipe`, else the run directory's
+    place, <run.root>/<recipe>/<run name>/checkpoints/<checkpoint> (where the engine writes
+    every checkpoint); "" when neither tells."""
+    config = state.get("config")
+    recipe = config.get("recipe") if isinstance(config, dict) else None
+    if isinstance(recipe, str) and recipe:
+        return recipe
+    where = Path(os.path.abspath(path))  # `..` resolved, symbolic links kept
+    inside_a_run = where.parent.name == "checkpoints" and len(where.parents) > 3
+    return where.parents[2].name if inside_a_run else ""
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from engine import checkpoint as ckpt
 from engine import export
 from engine.checkpoint import sharded
+from tests import helpers
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -140,7 +141,7 @@ def test_user_mistakes_are_one_line_exit_2_and_leave_no_file(run, tmp_path, caps
         ([str(not_ckpt), "o.pt"], "is not a readable checkpoint"),
         ([str(empty_run), "o.pt"], "is not a checkpoint"),
         ([str(run["file"]), "o.onnx"], "unknown format .onnx"),
-        ([str(run["file"]), str(existing)], "exists; pass --force"),
+        ([str(run["file"]), str(existing)], "exists; pass --force (make export ... FORCE=1)"),
         ([str(run["file"]), str(blocked / "o.pt")], "could not write"),
         ([sharded_no_ema, "o.pt", "--ema"], "holds no EMA of the weights"),
     ]
@@ -163,6 +164,39 @@ def test_user_mistakes_are_one_line_exit_2_and_leave_no_file(run, tmp_path, caps
     out = cli("-m", "engine.export", str(tmp_path / "missing.pt"), str(tmp_path / "o.pt"))
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == f"error: {tmp_path / 'missing.pt'} does not exist\n"
+
+
+def test_a_digits_run_exports_with_its_recipe_in_the_metadata(tmp_path):
+    """A real run's checkpoint: the recipe comes from its config, or from where the engine
+    put it (<run.root>/<recipe>/<run name>/checkpoints/) when the config does not name it."""
+    helpers.run_engine(tmp_path, "tiny", "train.max_steps=2")
+    out = tmp_path / "digits.safetensors"
+    done = cli("-m", "engine.export", str(helpers.run_dir(tmp_path, "tiny")), str(out))
+    assert done.returncode == 0, done.stderr
+    from safetensors import safe_open
+
+    with safe_open(out, "pt") as f:
+        assert f.metadata() == {"recipe": "digits", "step": "2", "source": "tiny/step-00000002.pt"}
+
+
+def test_the_recipe_is_the_configs_else_the_run_directorys(tmp_path):
+    in_a_run = tmp_path / "runs" / "gpt" / "r1" / "checkpoints" / "step-00000004.pt"
+    assert export.recipe_of({"config": {"recipe": "digits"}}, in_a_run) == "digits"
+    assert export.recipe_of({"config": {"seed": 0}}, in_a_run) == "gpt"
+    assert export.recipe_of({}, Path("runs/gpt/r1/checkpoints/step-00000004.pt")) == "gpt"
+    assert export.recipe_of({"config": {}}, tmp_path / "step-00000004.pt") == ""  # moved away
+
+
+def test_make_export_names_its_own_switch_to_replace_a_file(run, tmp_path):
+    existing = tmp_path / "w.pt"
+    existing.write_bytes(b"keep me")
+    make = ["make", "-s", "-o", ".venv/.installed-lock", "export"]
+    env = helpers.engine_env(CKPT=str(run["file"]), OUT=str(existing), MAKEFLAGS="", MAKELEVEL="")
+    done = subprocess.run(make, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and existing.read_bytes() == b"keep me"
+    assert f"error: {existing} exists; pass --force (make export ... FORCE=1) to replace it" in (
+        done.stderr
+    )
 
 
 def _check(folder: Path, names: list[str]) -> None:
