@@ -83,10 +83,11 @@ def labels(found: list[Run]) -> list[str]:
 
 
 def metric_columns(found: list[Run], headline: str) -> list[str]:
-    """The summaries' keys in the engine's order, the headline first."""
+    """The runs' metric keys (summary.json's, or an unfinished run's last evaluation's by the
+    same names) in the engine's order, the headline first."""
     keys: list[str] = []
     for run in found:
-        keys += [k for k in (run.summary or {}) if k not in keys and k not in OWN_COLUMNS]
+        keys += [k for k in run.results if k not in keys and k not in OWN_COLUMNS]
     return sorted(keys, key=lambda k: k != headline)  # stable: the rest keep their order
 
 
@@ -111,23 +112,37 @@ def git_text(env: Mapping) -> str:
 def status(run: Run) -> str:
     if run.summary is not None:
         return "finished"
-    return f"no summary.json yet, at step {run.last_step} (running or stopped)"
+    said = f"no summary.json yet, at step {run.last_step} (running or stopped)"
+    if run.last_eval is not None:
+        said += f"; metrics of its last evaluation, at step {run.last_eval['step']}"
+    return said
 
 
-def row(run: Run, columns: list[str], keys: list[str]) -> str:
-    """Metrics as summary.json holds them (JSON numbers, exactly), '–' until it exists."""
+def cell(run: Run, column: str, headline: str) -> str:
+    """A metric exactly as recorded (a JSON number), '–' where the run has none. An unfinished
+    run's headline says that it is the last evaluation's, and of which step."""
+    results = run.results
+    if column not in results:
+        return "–"
+    text = json.dumps(results[column])
+    if run.summary is None and column == headline:
+        text += f" (at step {run.last_eval['step']}, unfinished)"
+    return text
+
+
+def row(run: Run, columns: list[str], keys: list[str], headline: str) -> str:
+    """Metrics as summary.json holds them, or as the last evaluation recorded them."""
     summary = run.summary or {}
-    metrics = [json.dumps(summary[c]) if c in summary else "–" for c in columns]
     cells = [
         run.name,
         status(run),
-        *metrics,
+        *(cell(run, c, headline) for c in columns),
         duration(summary.get("seconds")),
         str(run.world_size) if run.world_size is not None else "n/a",
         git_text(run.env),
         " ".join(runs.overrides(run, keys)),
     ]
-    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+    return "| " + " | ".join(text.replace("|", "\\|") for text in cells) + " |"
 
 
 def markdown(found: list[Run], chart: str, headline: str) -> str:
@@ -145,11 +160,18 @@ def markdown(found: list[Run], chart: str, headline: str) -> str:
         "",
         "| " + " | ".join(head) + " |",
         "|---|---|" + "---:|" * (len(columns) + 2) + "---|---|",
-        *(row(run, columns, keys) for run in found),
+        *(row(run, columns, keys, headline) for run in found),
         "",
         "Final metrics exactly as in each run's summary.json. Settings that differ between "
         f"the runs (their config.yaml, names, folders and logging aside): {differs}.",
     ]
+    if any(run.summary is None and run.last_eval is not None for run in found):
+        lines += [
+            "",
+            "A run without summary.json (stopped, preempted or still running) shows the "
+            "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
+            "(the same run.name) finishes it.",
+        ]
     notes = [note for run in found for note in run.metrics.notes]
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]

@@ -22,6 +22,8 @@ MARKER = "metrics.jsonl"
 BOOKKEEPING_PREFIXES = ("run.", "log.")
 BOOKKEEPING = ("resume", "train.stop_at_step")
 UNSET = "(unset)"
+# An evaluation record's keys that are not metrics: summary.json leaves them out too.
+EVAL_BOOKKEEPING = ("kind", "step", "epoch", "count", "skipped")
 WHERE = "give a run directory, runs/<recipe>/<run name>"
 
 
@@ -53,6 +55,7 @@ class Run:
     env: dict[str, Any]
     summary: dict[str, Any] | None  # None until the run finishes
     metrics: Metrics
+    checkpoint_step: int = 0  # of its newest checkpoint (0: none)
 
     @property
     def world_size(self) -> Any:
@@ -60,8 +63,21 @@ class Run:
 
     @property
     def last_step(self) -> int:
+        """The furthest step it recorded: a stopped run checkpoints after its last record."""
         records = self.metrics.train + self.metrics.eval
-        return max((r["step"] for r in records), default=0)
+        return max([self.checkpoint_step, *(r["step"] for r in records)])
+
+    @property
+    def last_eval(self) -> dict | None:
+        return self.metrics.eval[-1] if self.metrics.eval else None
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """Its metrics by summary.json's names: summary.json's once it finished, else those of
+        its last evaluation (a run stopped, preempted or still running), else none."""
+        if self.summary is not None:
+            return self.summary
+        return eval_results(self.last_eval) if self.last_eval else {}
 
     @property
     def headline(self) -> Headline:
@@ -96,6 +112,11 @@ def shared_headline(found: list[Run]) -> Headline:
     before the engine recorded it have none), else the first run's by the old rule."""
     recorded = (recorded_headline(run.summary, run.env) for run in found)
     return next((h for h in recorded if h is not None), found[0].headline)
+
+
+def eval_results(record: dict) -> dict[str, Any]:
+    """An evaluation record's metrics named as summary.json names them ("loss": "eval_loss")."""
+    return {results.summary_name(k): v for k, v in record.items() if k not in EVAL_BOOKKEEPING}
 
 
 # ---------------------------------------------------------------- metrics.jsonl
@@ -179,6 +200,15 @@ def read_config(path: Path, notes: list[str]) -> dict[str, Any]:
     return flatten(tree) if isinstance(tree, dict) else {}
 
 
+def newest_checkpoint_step(folder: Path) -> int:
+    """The step of the newest checkpoint the engine left (step-<n>.pt or a sharded step-<n>/),
+    0 for none; partial ones are hidden (.step-*) and not counted."""
+    if not folder.is_dir():
+        return 0
+    steps = [p.name.removeprefix("step-").removesuffix(".pt") for p in folder.glob("step-*")]
+    return max((int(s) for s in steps if s.isdigit()), default=0)
+
+
 def check_run_dir(text: str) -> Path:
     """The path as a run directory, or one UserError saying what it is instead."""
     path = Path(text)
@@ -213,6 +243,7 @@ def read_run(text: str) -> Run:
             env=read_json(path / "env.json", notes) or {},
             summary=read_json(path / "summary.json", notes),
             metrics=metrics,
+            checkpoint_step=newest_checkpoint_step(path / "checkpoints"),
         )
     except OSError as err:
         raise UserError(f"{text}: cannot read {err.filename} ({err.strerror})") from None

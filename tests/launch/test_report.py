@@ -54,6 +54,9 @@ def root(tmp_path_factory) -> Path:
     second = helpers.run_engine(root, "resumed", *SHORT, "optim.lr=0.2")
     assert "resuming from" in second.stderr
     helpers.run_engine(root, "two", *SHORT, prefix=SPAWN_2)
+    # Stopped after its first evaluation (step 22), before the end: no summary.json.
+    late = helpers.run_engine(root, "stopped-late", *SHORT, "train.stop_at_step=23")
+    assert "stopped at step 23" in late.stderr
     return root
 
 
@@ -150,6 +153,29 @@ def test_a_stopped_run_without_evaluation_is_reported_as_far_as_it_went(root, ca
     assert rows["stopped"]["top1"] == "–" and rows["stopped"]["world size"] == "1"
     assert rows["sw-seed2"]["top1"] == json.dumps(summary(root, "sw-seed2")["top1"])
     assert rows["stopped"]["differs"] == "optim.lr=0.2 seed=0"
+
+
+def test_a_stopped_run_shows_its_last_evaluation_marked_unfinished(root, capsys):
+    """train.stop_at_step (as a preemption) leaves evaluations but no summary.json: the report
+    shows the last evaluation's metrics, its headline marked with the step, not '–'."""
+    (last,) = helpers.records(root, "stopped-late", "eval")
+    assert last["step"] == 22
+    assert not (helpers.run_dir(root, "stopped-late") / "summary.json").exists()
+    for names in (["stopped-late", "sw-seed0"], ["stopped-late"]):  # alone: no summary at all
+        code, out, err = run_report(*(str(helpers.run_dir(root, n)) for n in names), capsys=capsys)
+        assert code == 0, err
+        md = Path(out.split()[1]).read_text()
+        rows = table(md)
+        stopped = rows["stopped-late"]
+        assert stopped["top1"] == f"{json.dumps(last['top1'])} (at step 22, unfinished)"
+        assert stopped["top5"] == json.dumps(last["top5"])
+        assert stopped["eval_loss"] == json.dumps(last["loss"])
+        assert stopped["status"] == (
+            "no summary.json yet, at step 23 (running or stopped); "
+            "metrics of its last evaluation, at step 22"
+        )
+        assert "shows the metrics of its last evaluation in metrics.jsonl, not final ones" in md
+    assert rows["stopped-late"]["time"] == "n/a"
 
 
 # ---------------------------------------------------------------- paths that are not runs
