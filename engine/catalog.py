@@ -1,5 +1,9 @@
 """Where recipes live and how their config files are layered, for the engine and launch alike.
 
+`--config` (CONFIG=) names a variant (recipes/<recipe>/<name>.yaml) or, when it holds a '/'
+or ends in .yaml/.yml, a config file, such as a run's saved config.yaml. Either is layered on
+the recipe's config.yaml; a file that records `variant: NAME` is layered on that variant.
+
 Torch-free, so launch lists recipes and reads their `slurm:` sections without importing torch;
 only `load` imports a recipe's code."""
 
@@ -47,11 +51,50 @@ def variant_path(name: str, variant: str, folder: Path = RECIPES_DIR) -> Path:
     return folder / name / f"{variant}.yaml"
 
 
-def layered_yaml(name: str, variant: str = "", folder: Path = RECIPES_DIR) -> dict[str, Any]:
-    """config.yaml with the variant's file layered on it: the recipe's part of a config,
-    before the engine's defaults and the overrides (what launch reads for `slurm:`)."""
-    base = read_yaml(config_path(name, folder))
-    return merge(base, read_yaml(variant_path(name, variant, folder))) if variant else base
+def is_config_file(config: str) -> bool:
+    """`--config` names a file (a path: it holds a '/' or ends in .yaml/.yml), else a variant."""
+    return "/" in config or config.endswith((".yaml", ".yml"))
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        what = "is a directory, not a config file" if file.is_dir() else "not found"
+        raise ConfigError(f"config file {path} {what}")
+    return read_yaml(file)
+
+
+def file_recipe(path: str) -> str:
+    """The recipe a config file records (`recipe:`), "" when it names none."""
+    recipe = read_config_file(path).get("recipe") or ""
+    if not isinstance(recipe, str):
+        raise ConfigError(f"{path}: recipe must be a recipe's name, got {recipe!r}")
+    return recipe
+
+
+def config_layer(
+    name: str, config: str = "", folder: Path = RECIPES_DIR
+) -> tuple[str, dict[str, Any]]:
+    """(the variant, what is layered on config.yaml) for `--config`: a variant's file, or a
+    config file over the variant it records (a saved config holds every key anyway)."""
+    if not is_config_file(config):
+        return config, read_yaml(variant_path(name, config, folder)) if config else {}
+    layer = read_config_file(config)
+    recorded = layer.get("recipe") or name
+    if recorded != name:
+        raise ConfigError(f"{config} is a config of recipe {recorded!r}, not of {name!r}")
+    variant = layer.get("variant") or ""
+    if not isinstance(variant, str):
+        raise ConfigError(f"{config}: variant must be a variant's name, got {variant!r}")
+    base = read_yaml(variant_path(name, variant, folder)) if variant else {}
+    return variant, merge(base, layer)
+
+
+def layered_yaml(name: str, config: str = "", folder: Path = RECIPES_DIR) -> dict[str, Any]:
+    """config.yaml with the variant's file or the config file (`--config`) layered on it: the
+    recipe's part of a config, before the engine's defaults and the overrides (what launch
+    reads for `slurm:`)."""
+    return merge(read_yaml(config_path(name, folder)), config_layer(name, config, folder)[1])
 
 
 def default_data_root(name: str, recipes_data: str | None) -> str:
@@ -66,13 +109,14 @@ def load(name: str) -> Recipe:
     return importlib.import_module(f"recipes.{name}.recipe").RECIPE
 
 
-def load_config(name: str, overrides: list[str], variant: str = "") -> tuple[Config, Recipe]:
-    """engine defaults < config.yaml < the variant's yaml < overrides; data.root resolved."""
+def load_config(name: str, overrides: list[str], config: str = "") -> tuple[Config, Recipe]:
+    """engine defaults < config.yaml < the variant's yaml or a config file < overrides;
+    data.root resolved. `config`: a variant's name or a config file's path."""
     recipe_yaml = read_yaml(config_path(name))
-    variant_yaml = read_yaml(variant_path(name, variant)) if variant else {}
+    variant, layer = config_layer(name, config)
     recipe = load(name)
     sections = {"model": recipe.model_config, "data": recipe.data_config}
-    cfg = resolve(name, recipe_yaml, overrides, sections, variant, variant_yaml)
+    cfg = resolve(name, recipe_yaml, overrides, sections, variant, layer)
     if getattr(cfg.data, "root", None) == "":
         cfg.data.root = default_data_root(name, os.environ.get("RECIPES_DATA"))
     return cfg, recipe

@@ -1,5 +1,14 @@
-"""The engine's command line: `python -m engine.train RECIPE [--config VARIANT] [key=value ...]
-[--spawn N]` (also `python -m engine`).
+"""The engine's command line (also `python -m engine`):
+
+    python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] [--spawn N]
+    python -m engine.train --config FILE [key=value ...]    (the file names its recipe)
+    python -m engine.train RECIPE [...] --print-config | --check N
+    python -m engine.train [RECIPE] --help
+
+The config: engine defaults < the recipe's config.yaml < the variant or config file < W&B's
+environment variables < key=value overrides. `--help` lists every key, generated from the
+config dataclasses. `--print-config` prints the resolved config as a run would save it and
+`--check N` runs the checks for N processes; neither writes anything.
 
 Exit codes: 0 done, 1 failure, 2 bad request (one line on stderr), 75 stopped on a
 preemption signal with a checkpoint saved (rerun the same command to resume)."""
@@ -8,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,12 +27,54 @@ from engine import config as C
 from engine import distributed as D
 from engine.data.sampler import plan_batches
 from engine.faults import RunError
+from engine.recipe import Recipe
 from engine.setup import amp_dtype
 from engine.spawn import spawn_local
-from engine.tracking import redact, wandb_mode
+from engine.tracking import redact, wandb_env_overrides, wandb_mode
 from engine.train import PeerFailure, train
 
-USAGE = "usage: python -m engine.train RECIPE [--config VARIANT] [key=value ...] [--spawn N]"
+USAGE = (
+    "usage: python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] "
+    "[--spawn N | --check N | --print-config | --help]"
+)
+
+OPTIONS = f"""{USAGE}
+       python -m engine.train --config FILE [key=value ...]  (FILE names its recipe)
+
+Train RECIPE with its config.yaml, a variant or config file layered on it, then overrides.
+
+options:
+  --config NAME|FILE  NAME: the variant recipes/RECIPE/NAME.yaml. FILE (holds a '/' or ends
+                      in .yaml/.yml): a config file, e.g. a run's saved config.yaml; it may
+                      stand in for RECIPE. A saved run.name is dropped (a new run) unless
+                      run.name=... is given again.
+  --spawn N           run N local processes (gloo on CPU, one GPU each on CUDA)
+  --print-config      print the resolved config (what the run saves as config.yaml), then exit
+  --check N           resolve the config and check it for N processes, then exit; writes
+                      nothing
+  -h, --help          this help; after RECIPE, also the recipe's model and data keys
+  key=value           a config key below, e.g. optim.lr=0.2 train.epochs=5
+
+Layers, each over the one before: engine defaults < recipes/RECIPE/config.yaml < the variant
+or config file < W&B's environment variables < key=value. WANDB_MODE (disabled, offline,
+online, dryrun) sets log.wandb, WANDB_PROJECT log.project, WANDB_ENTITY log.entity;
+WANDB_DIR is where W&B writes (else the run directory); WANDB_RUN_GROUP the run's group.
+
+Exit codes: 0 done, 1 failure, 2 bad request (one line on stderr), 75 preempted with a
+checkpoint saved (rerun the same command to resume)."""
+
+
+@dataclass
+class Request:
+    """What the command line asks for."""
+
+    recipe: str  # "" only with --help
+    config: str = ""  # a variant's name or a config file's path (catalog.is_config_file)
+    overrides: list[str] = field(default_factory=list)
+    spawn: int = 0  # > 1: start this many local processes
+    check: int = 0  # > 0: check the config for this many processes, then exit
+    print_config: bool = False
+    help: bool = False
 
 
 def _take_option(args: list[str], flag: str) -> str | None:
@@ -37,36 +89,61 @@ def _take_option(args: list[str], flag: str) -> str | None:
     return value
 
 
-def parse_argv(argv: list[str]) -> tuple[str, str, list[str], int]:
-    """(recipe, variant, overrides, spawn count)."""
-    args = list(argv)
-    spawn_text = _take_option(args, "--spawn")
-    variant = _take_option(args, "--config") or ""
+def _take_flag(args: list[str], *names: str) -> bool:
+    """Remove every one of `names` from args; whether any was there."""
+    found = any(name in args for name in names)
+    args[:] = [a for a in args if a not in names]
+    return found
+
+
+def _count(flag: str, text: str | None, least: int) -> int:
+    """A flag's process count (0 when the flag is absent)."""
+    if text is None:
+        return 0
     try:
-        spawn = int(spawn_text or 0)
+        count = int(text)
     except ValueError:
-        raise C.ConfigError(f"--spawn needs a process count; {USAGE}") from None
-    if not args or args[0].startswith("-") or "=" in args[0]:
-        raise C.ConfigError(
-            f"no recipe given (available: {', '.join(catalog.available())}); {USAGE}"
-        )
-    return args[0], variant, args[1:], spawn
+        count = least - 1
+    if count < least:
+        raise C.ConfigError(f"{flag} needs a process count, got {text!r}; {USAGE}")
+    return count
+
+
+def parse_argv(argv: list[str]) -> Request:
+    args = list(argv)
+    wants_help = _take_flag(args, "--help", "-h")
+    print_config = _take_flag(args, "--print-config")
+    spawn = _count("--spawn", _take_option(args, "--spawn"), least=0)
+    check = _count("--check", _take_option(args, "--check"), least=1)
+    config = _take_option(args, "--config") or ""
+    named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
+    recipe = args.pop(0) if named else _recipe_of(config, wants_help)
+    return Request(recipe, config, args, spawn, check, print_config, wants_help)
+
+
+def _recipe_of(config: str, wants_help: bool) -> str:
+    """The recipe when none is given before the overrides: the config file's `recipe:`."""
+    recipe = catalog.file_recipe(config) if catalog.is_config_file(config) else ""
+    if recipe or wants_help:
+        return recipe
+    named_by = f" and {config} names none (no recipe: key)" if config else ""
+    raise C.ConfigError(
+        f"no recipe given{named_by} (available: {', '.join(catalog.available())}); {USAGE}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.umask(os.umask(0) | 0o022)  # nothing the run writes is writable by others
     try:
-        recipe_name, variant, overrides, spawn = parse_argv(argv)
-        cfg, recipe = catalog.load_config(recipe_name, overrides, variant)
-        denv = D.read_env()  # a half-set environment is a user error too
-        preflight(cfg, spawn if spawn > 1 else denv.world_size)
-        if spawn > 1:
-            head = [recipe_name, *(["--config", variant] if variant else [])]
-            name = cfg.run.name or rundir.new_run_name(recipe_name, variant)
-            return spawn_local(spawn, main, head, overrides, name)
-        preempt.install_handlers()
-        return train(cfg, recipe)
+        request = parse_argv(argv)
+        if request.help:
+            print(help_text(request.recipe))
+            return 0
+        cfg, recipe = load(request)
+        if request.check or request.print_config:
+            return check_or_print(request, cfg)
+        return run(request, cfg, recipe)
     except C.ConfigError as err:
         if is_rank_zero():
             print(f"error: {redact(one_line(err))}", file=sys.stderr)  # all ranks fail alike
@@ -75,6 +152,57 @@ def main(argv: list[str] | None = None) -> int:
         if is_rank_zero() or isinstance(err, PeerFailure):
             print(f"error: {redact(str(err))}", file=sys.stderr, flush=True)
         return 1
+
+
+def load(request: Request) -> tuple[C.Config, Recipe]:
+    """The config the request runs with: W&B's variables go before the command line's
+    overrides, which win. A saved config names the run it came from: rerunning it starts a
+    new run rather than resume or replace that one (said once), unless run.name is given."""
+    saved_name = saved_run_name(request)
+    leading = [*(["run.name="] if saved_name else []), *wandb_env_overrides(os.environ)]
+    loaded = catalog.load_config(request.recipe, [*leading, *request.overrides], request.config)
+    if saved_name and is_rank_zero():
+        print(
+            f"note: {request.config} is the config of run {saved_name!r}; this starts a new "
+            f"run (add run.name={saved_name} to continue that one)",
+            file=sys.stderr,
+        )
+    return loaded
+
+
+def saved_run_name(request: Request) -> str:
+    """The run.name a config file sets, unless the command line sets one; "" for none."""
+    if not catalog.is_config_file(request.config):
+        return ""
+    if any(o.startswith("run.name=") for o in request.overrides):
+        return ""
+    saved = catalog.read_config_file(request.config).get("run")
+    name = saved.get("name") if isinstance(saved, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def check_or_print(request: Request, cfg: C.Config) -> int:
+    """--check N: the checks a launch of N processes makes first; --print-config: the config.
+    Neither writes anything."""
+    if request.check:
+        preflight(cfg, request.check)
+    if request.print_config:
+        sys.stdout.write(redact(C.dump(cfg)))
+    else:
+        print(f"config ok for {request.check} processes")
+    return 0
+
+
+def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
+    denv = D.read_env()  # a half-set environment is a user error too
+    spawn = request.spawn
+    preflight(cfg, spawn if spawn > 1 else denv.world_size)
+    if spawn > 1:
+        head = [request.recipe, *(["--config", request.config] if request.config else [])]
+        name = cfg.run.name or rundir.new_run_name(cfg.recipe, cfg.variant)
+        return spawn_local(spawn, main, head, request.overrides, name)
+    preempt.install_handlers()
+    return train(cfg, recipe)
 
 
 def is_rank_zero() -> bool:
@@ -90,7 +218,8 @@ def one_line(err: Exception) -> str:
 
 
 def preflight(cfg: C.Config, world_size: int) -> None:
-    """Checks that need the world size, done once before any process starts or writes."""
+    """Checks that need the world size, done once before any process starts or writes;
+    read-only (`--check N` runs exactly these)."""
     plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, world_size)
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
@@ -98,6 +227,51 @@ def preflight(cfg: C.Config, world_size: int) -> None:
         run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
     wandb_mode(cfg.log)
+
+
+# ---------------------------------------------------------------- --help
+
+
+def help_text(recipe_name: str) -> str:
+    """Usage, then every key with its type, default, range and meaning, generated from the
+    config dataclasses; with a recipe, its variants and its own sections too."""
+    sections = {"top level": C.describe_top_level()}
+    summaries = {name: C.class_summary(cls) for name, cls in C.ENGINE_SECTIONS.items()}
+    sections |= {name: C.describe_section(name, cls) for name, cls in C.ENGINE_SECTIONS.items()}
+    parts = [OPTIONS, f"recipes: {', '.join(catalog.available())}"]
+    if recipe_name:
+        recipe = catalog.load(recipe_name)
+        own = {"model": recipe.model_config, "data": recipe.data_config}
+        summaries |= {f"{name} ({recipe_name})": C.class_summary(cls) for name, cls in own.items()}
+        sections |= {
+            f"{name} ({recipe_name})": C.describe_section(name, c) for name, c in own.items()
+        }
+        parts.append(variant_lines(recipe_name))
+    for title, rows in sections.items():
+        summary = summaries.get(title, "")
+        parts.append("\n".join([f"{title}: {summary}" if summary else title, *key_lines(rows)]))
+    return "\n\n".join(parts)
+
+
+def variant_lines(recipe_name: str) -> str:
+    """The recipe in one line, then each variant (--config NAME) in one line."""
+    folder = catalog.RECIPES_DIR / recipe_name
+    lines = [f"recipe {recipe_name}: {C.description(folder / 'config.yaml')}"]
+    for name in catalog.variants(recipe_name):
+        lines.append(f"  --config {name:<10} {C.description(folder / f'{name}.yaml')}".rstrip())
+    return "\n".join(lines)
+
+
+def key_lines(rows: list[C.KeyHelp]) -> list[str]:
+    """One line per key, in columns: key, type = default, (range), meaning."""
+    typed = [f"{row.kind} = {row.default}" for row in rows]
+    ranges = [f"({row.range})" if row.range else "" for row in rows]
+    key_width = max(len(row.key) for row in rows)
+    typed_width, range_width = max(map(len, typed)), max(map(len, ranges))
+    return [
+        f"  {row.key:<{key_width}}  {kind:<{typed_width}}  {span:<{range_width}}  {row.meaning}".rstrip()
+        for row, kind, span in zip(rows, typed, ranges, strict=True)
+    ]
 
 
 if __name__ == "__main__":

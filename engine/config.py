@@ -10,15 +10,24 @@ is "0123"; for `str | None` YAML's spellings of null (empty, ~, null, Null, NULL
 as in a config file. Other fields read the value as YAML (`optim.lr=0.2`, `train.amp=off`,
 `sched.milestones=[1, 2]`), a float field also in exponent form (`optim.lr=1e-3`). In YAML
 files values stay YAML: a number where text is expected (`name: 0123`) is an error, never a
-silent "83"."""
+silent "83".
+
+`python -m engine.train --help` lists every key with its type, default, range and meaning,
+generated from these dataclasses; a field's meaning is the comment at the end of its line, else
+the comment lines just above it, so every field carries one (tests/engine/test_cli_help.py)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import difflib
+import inspect
+import io
 import math
 import re
+import textwrap
+import tokenize
 import types
 import typing
 from dataclasses import dataclass, field
@@ -85,7 +94,7 @@ def bounded(
 @dataclass
 class RunConfig:
     name: str = ""  # empty: a new time-stamped name per launch
-    root: str = "runs"
+    root: str = "runs"  # run directories are <root>/<recipe>/<name>
     # resume=none on a run directory that holds a run: move its contents aside into
     # <name>.replaced-<time> and start afresh (without it, such a launch is refused).
     overwrite: bool = False
@@ -93,7 +102,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = bounded(1, ge=0)
+    epochs: int = bounded(1, ge=0)  # passes over the training set (unless max_steps > 0)
     max_steps: int = bounded(0, ge=0)  # > 0: train this many optimizer steps instead of `epochs`
     # > 0: checkpoint and stop after this step (the schedule is unchanged)
     stop_at_step: int = bounded(0, ge=0)
@@ -101,13 +110,11 @@ class TrainConfig:
     micro_batch_size: int | None = bounded(None, ge=1)  # per process; sets accumulation steps
     grad_clip: float = bounded(0.0, ge=0)  # max gradient norm; 0: off
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"  # auto: bf16 on CUDA, off on CPU
-    # Speed defaults. channels_last applies to models with 2-d convolutions (NHWC kernels);
-    # compile auto: on for CUDA (inductor), off on CPU; tf32 (matmuls and convolutions) and
-    # cuDNN's autotuner only when deterministic=false (deterministic turns both off).
-    channels_last: bool = True
-    compile: Literal["auto", "on", "off"] = "auto"
-    tf32: bool = True
-    cudnn_benchmark: bool = True
+    # Speed defaults. tf32 and cudnn_benchmark act only when deterministic=false.
+    channels_last: bool = True  # NHWC layout for models with 2-d convolutions
+    compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto: on for CUDA, off on CPU
+    tf32: bool = True  # TF32 for matmuls and convolutions on CUDA
+    cudnn_benchmark: bool = True  # cuDNN's autotuner picks the fastest convolution kernels
     # Training loss only; evaluation reports plain cross entropy.
     label_smoothing: float = bounded(0.0, ge=0, lt=1)
     # Non-finite gradients (without fp16, whose scaler skips such steps itself): stop before
@@ -121,13 +128,13 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["sgd", "adamw"] = "sgd"
-    lr: float = bounded(0.1, gt=0)
-    momentum: float = bounded(0.9, ge=0, lt=1)
-    nesterov: bool = False
-    weight_decay: float = bounded(0.0, ge=0)
-    betas: list[float] = bounded(default_factory=lambda: [0.9, 0.999], ge=0, lt=1)
-    eps: float = bounded(1e-8, gt=0)
+    name: Literal["sgd", "adamw"] = "sgd"  # the optimizer
+    lr: float = bounded(0.1, gt=0)  # peak learning rate (after warmup)
+    momentum: float = bounded(0.9, ge=0, lt=1)  # sgd only
+    nesterov: bool = False  # sgd only: Nesterov momentum
+    weight_decay: float = bounded(0.0, ge=0)  # decoupled for adamw, L2 for sgd
+    betas: list[float] = bounded(default_factory=lambda: [0.9, 0.999], ge=0, lt=1)  # adamw only
+    eps: float = bounded(1e-8, gt=0)  # adamw only: added to the denominator
     # > 0: optim.lr is the rate for a global batch of this size and scales linearly with
     # train.batch_size (the linear scaling rule); the global batch, not the GPU count, decides.
     lr_reference_batch: int = bounded(0, ge=0)
@@ -141,8 +148,8 @@ class OptimConfig:
 class SchedConfig:
     """Counted in optimizer steps; the *_epochs forms are converted with the steps per epoch."""
 
-    name: Literal["cosine", "linear", "step", "constant"] = "cosine"
-    warmup_steps: int = bounded(0, ge=0)
+    name: Literal["cosine", "linear", "step", "constant"] = "cosine"  # lr shape after warmup
+    warmup_steps: int = bounded(0, ge=0)  # linear warmup from warmup_start * optim.lr
     warmup_epochs: float = bounded(0.0, ge=0)  # alternative to warmup_steps
     # The lr factor at the first step of warmup (torchvision: 0.01).
     warmup_start: float = bounded(0.0, ge=0, le=1)
@@ -154,10 +161,10 @@ class SchedConfig:
 
 @dataclass
 class LoaderConfig:
-    num_workers: int = bounded(0, ge=0)
+    num_workers: int = bounded(0, ge=0)  # data loading processes per training process
     pin_memory: bool = True  # only takes effect on CUDA
-    persistent_workers: bool = True
-    prefetch_factor: int = bounded(2, ge=1)
+    persistent_workers: bool = True  # keep the workers alive from one epoch to the next
+    prefetch_factor: int = bounded(2, ge=1)  # batches each worker loads ahead
     # Also seed python's `random` and numpy per sample, for augmentations that draw from them
     # (torch's RNG is always seeded per sample).
     seed_python_numpy: bool = False
@@ -165,7 +172,7 @@ class LoaderConfig:
 
 @dataclass
 class EvalConfig:
-    every_epochs: int = bounded(1, ge=1)
+    every_epochs: int = bounded(1, ge=1)  # evaluate after every this many epochs (and at the end)
     batch_size: int = bounded(256, ge=1)  # per process
     hflip_tta: bool = False  # average the logits of each image and its mirror
 
@@ -192,16 +199,17 @@ class EmaConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = bounded(0, ge=0)  # 0: only at the end of each epoch
-    keep: int = bounded(3, ge=1)
+    keep: int = bounded(3, ge=1)  # the newest this many checkpoints are kept
 
 
 @dataclass
 class LogConfig:
     every_steps: int = bounded(10, ge=1)  # also how often ranks agree on a preemption signal
+    # W&B; auto: online with credentials and a server that answers, else offline
     wandb: Literal["auto", "online", "offline", "off"] = "auto"
-    project: str = "recipes"
-    entity: str | None = None
-    progress: Literal["auto", "bar", "plain", "off"] = "auto"
+    project: str = "recipes"  # the W&B project
+    entity: str | None = None  # the W&B user or team; null: the account's default
+    progress: Literal["auto", "bar", "plain", "off"] = "auto"  # auto: a bar on a terminal
     sample_ids: bool = False  # write each step's global sample ids to samples.jsonl (tests)
     # Peak dense TFLOP/s of one device, for MFU; 0: from the GPU's name (bf16 datasheet
     # figure of known GPUs), no MFU on CPU.
@@ -215,12 +223,12 @@ class DistConfig:
     # auto: ddp with several processes, none with one. fsdp: FSDP2 shards parameters,
     # gradients and optimizer states over the processes (ZeRO-3), per block of the recipe.
     strategy: Literal["auto", "ddp", "dp", "fsdp", "none"] = "auto"
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
     init_method: str = "env://"  # or tcp://host:port, file:///shared/path
-    timeout_s: float = bounded(600.0, gt=0)
-    sync_bn: bool = False
-    find_unused_parameters: bool = False
-    static_graph: bool = True
+    timeout_s: float = bounded(600.0, gt=0)  # how long a collective waits for the other ranks
+    sync_bn: bool = False  # batch norm statistics over all processes (SyncBatchNorm)
+    find_unused_parameters: bool = False  # ddp: for models that leave parameters unused
+    static_graph: bool = True  # ddp: the same graph every step (off with accumulation)
     # fsdp: free the gathered parameters after each block's forward (ZeRO-3) or keep them
     # until its backward (more memory, one all-gather less per step: ZeRO-2-like).
     fsdp_reshard_after_forward: bool = True
@@ -238,7 +246,7 @@ class FaultConfig:
     rank: int = bounded(0, ge=0)  # on this global rank only
     # The ones below act only in a process's first attempt (not after a torchrun restart).
     signal_at_step: int = bounded(0, ge=0)  # > 0: send `signal` to this process after this step
-    signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGUSR2"] = "SIGKILL"
+    signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGUSR2"] = "SIGKILL"  # for signal_at_step
     # > 0: stop responding (sleep) after this step, as a hung rank does
     hang_at_step: int = bounded(0, ge=0)
     hang_in_save_at_step: int = bounded(0, ge=0)  # > 0: stall mid-write of this step's checkpoint
@@ -251,15 +259,15 @@ class FaultConfig:
 class SlurmConfig:
     """Read by launch/ when submitting; validated here like every other section."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_min: int = bounded(60, ge=1)
-    cpus_per_task: int | None = bounded(None, ge=1)
-    mem_gb: int | None = bounded(None, ge=1)
-    constraint: str | None = None
-    exclude: str | None = None
-    setup: list[str] = field(default_factory=list)
+    partition: str | None = None  # sbatch --partition
+    account: str | None = None  # sbatch --account
+    qos: str | None = None  # sbatch --qos
+    time_min: int = bounded(60, ge=1)  # the job's time limit, in minutes
+    cpus_per_task: int | None = bounded(None, ge=1)  # per training process
+    mem_gb: int | None = bounded(None, ge=1)  # memory per node
+    constraint: str | None = None  # sbatch --constraint, e.g. a GPU type's feature
+    exclude: str | None = None  # nodes to leave out, sbatch --exclude
+    setup: list[str] = field(default_factory=list)  # shell lines run before training starts
     signal_delay_s: int = bounded(120, ge=0)  # SIGUSR2 this many seconds before the time limit
     max_requeues: int = bounded(20, ge=1)  # stop requeueing a job that was requeued this often
 
@@ -283,9 +291,9 @@ ENGINE_SECTIONS: dict[str, type] = {
 
 @dataclass
 class Config:
-    recipe: str
-    seed: int
-    deterministic: bool
+    recipe: str  # the recipe's folder name under recipes/
+    seed: int  # seeds the weights, the data order and every random draw
+    deterministic: bool  # deterministic kernels: bitwise repeatable runs, somewhat slower
     device: str  # auto | cpu | cuda
     resume: str  # auto | none | path to a checkpoint file
     sections: dict[str, Any]  # section name -> dataclass instance
@@ -298,8 +306,8 @@ class Config:
             raise AttributeError(name) from None
 
     def to_dict(self) -> dict[str, Any]:
-        top = {"seed": self.seed, "deterministic": self.deterministic, "device": self.device}
-        top |= {"resume": self.resume, "variant": self.variant}
+        top = {"recipe": self.recipe, "seed": self.seed, "deterministic": self.deterministic}
+        top |= {"device": self.device, "resume": self.resume, "variant": self.variant}
         return top | {k: dataclasses.asdict(v) for k, v in self.sections.items()}
 
 
@@ -538,16 +546,12 @@ def resolve(
     section_types = ENGINE_SECTIONS | recipe_sections
     tree = parse_overrides(overrides, TOP_TYPES | section_types)
     merged = merge(merge(recipe_yaml, variant_yaml or {}), tree)
-    valid = [*TOP_LEVEL, "variant", *section_types]
+    valid = [*TOP_LEVEL, *RECORDED, *section_types]
     top = dict(TOP_LEVEL)
     sections = {}
     for key, value in merged.items():
-        if key == "variant":  # recorded in resolved configs; chosen only by name
-            if (value or "") != variant:
-                raise ConfigError(
-                    f"variant={value!r}: a variant is chosen by name (CONFIG=NAME, --config NAME), "
-                    "not set as a key"
-                )
+        if key in RECORDED:
+            _check_recorded(key, value, {"recipe": recipe, "variant": variant}[key])
         elif key in TOP_LEVEL:
             top[key] = _check_type(key, value, TOP_TYPES[key])
             _check_range(key, top[key], TOP_RANGES.get(key))
@@ -559,6 +563,22 @@ def resolve(
     cfg = Config(recipe=recipe, sections=sections, variant=variant, **top)
     validate(cfg)
     return cfg
+
+
+RECORDED = ("recipe", "variant")  # in a resolved config: what it was resolved from
+
+
+def _check_recorded(key: str, value: Any, chosen: str) -> None:
+    """A saved config records its recipe and variant; both are chosen by name, so a recorded
+    value must be the one chosen."""
+    if (value or "") == chosen:
+        return
+    if key == "recipe":
+        raise ConfigError(f"recipe={value!r} in the config, but the recipe run is {chosen!r}")
+    raise ConfigError(
+        f"variant={value!r}: a variant is chosen by name (CONFIG=NAME, --config NAME), "
+        "not set as a key"
+    )
 
 
 def validate(cfg: Config) -> None:
@@ -578,3 +598,125 @@ def validate(cfg: Config) -> None:
 def dump(cfg: Config) -> str:
     """The resolved config as YAML; loading it as a recipe config gives the same Config."""
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------- the keys, described
+
+
+@dataclass(frozen=True)
+class KeyHelp:
+    """One key as --help lists it."""
+
+    key: str  # dotted, e.g. optim.lr
+    kind: str  # its type: float, str | null, list[int], or a Literal's choices (on|off)
+    default: str  # as YAML writes it
+    range: str  # the valid range (Range.__str__), "" for none
+    meaning: str  # from the comments beside the field (field_meanings)
+
+
+def describe_section(prefix: str, cls: type) -> list[KeyHelp]:
+    """The keys of a section (a nested section's as prefix.name.key), in declaration order."""
+    hints = typing.get_type_hints(cls)
+    meanings = field_meanings(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        key, annotation = f"{prefix}.{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(annotation):
+            rows += describe_section(key, annotation)
+            continue
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        allowed = f.metadata.get("range")
+        meaning = meanings.get(f.name, "")
+        rows.append(
+            KeyHelp(key, type_name(annotation), show_value(default), str(allowed or ""), meaning)
+        )
+    return rows
+
+
+def describe_top_level() -> list[KeyHelp]:
+    """The top-level keys; their meanings are those of Config's fields."""
+    meanings = field_meanings(Config)
+    return [
+        KeyHelp(
+            key,
+            type_name(TOP_TYPES[key]),
+            show_value(default),
+            str(TOP_RANGES.get(key) or ""),
+            meanings.get(key, ""),
+        )
+        for key, default in TOP_LEVEL.items()
+    ]
+
+
+def type_name(annotation: Any) -> str:
+    """A type as --help shows it: a Literal as its choices, None as YAML's null."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "|".join(map(str, typing.get_args(annotation)))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(member) for member in typing.get_args(annotation))
+    if origin is list:
+        return f"list[{type_name(typing.get_args(annotation)[0])}]"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def show_value(value: Any) -> str:
+    """A value as YAML writes it in one line: null, true, '', [0.9, 0.999]."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf)
+    return text.removesuffix("\n").removesuffix("\n...")
+
+
+def class_summary(cls: type) -> str:
+    """The first paragraph of the class's own docstring, in one line ("" for none: a
+    dataclass without one gets a generated signature, which is not a summary)."""
+    source = _class_source(cls)
+    docstring = ast.get_docstring(ast.parse(source).body[0]) if source else None
+    return " ".join((docstring or "").split("\n\n")[0].split())
+
+
+def field_meanings(cls: type) -> dict[str, str]:
+    """Each field's meaning, read from the comments in the class's source: the comment at the
+    end of the field's line, else the comment lines just above it, joined into one line.
+    "" for a field without one; {} when the source cannot be read."""
+    source = _class_source(cls)
+    if not source:
+        return {}
+    comments = _comments_by_line(source)
+    body = ast.parse(source).body[0].body
+    return {
+        node.target.id: _meaning(node, comments)
+        for node in body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+
+
+def _class_source(cls: type) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return ""
+
+
+def _comments_by_line(source: str) -> dict[int, tuple[bool, str]]:
+    """line number -> (whether the comment fills its line, its text without the '#')."""
+    found = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            fills_line = not token.line[: token.start[1]].strip()
+            found[token.start[0]] = (fills_line, token.string.lstrip("#").strip())
+    return found
+
+
+def _meaning(node: ast.AnnAssign, comments: dict[int, tuple[bool, str]]) -> str:
+    for number in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+        fills_line, text = comments.get(number, (True, ""))
+        if not fills_line:
+            return text
+    above: list[str] = []
+    number = node.lineno - 1
+    while comments.get(number, (False, ""))[0]:
+        above.insert(0, comments[number][1])
+        number -= 1
+    return " ".join(above)

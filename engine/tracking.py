@@ -3,7 +3,12 @@ Only rank 0 creates these; other ranks get a Tracker that does nothing.
 
 W&B never stops training: `auto` falls back to offline when W&B cannot be reached, and a
 W&B failure mid-run is reported once and W&B is then left out. Credentials from the
-environment are redacted from everything a run records."""
+environment are redacted from everything a run records.
+
+W&B's own variables are honoured: WANDB_MODE, WANDB_PROJECT and WANDB_ENTITY set log.wandb,
+log.project and log.entity over the config files and under the command line's overrides
+(wandb_env_overrides); WANDB_DIR is where W&B writes (else the run directory); and
+WANDB_RUN_GROUP is the run's group."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,6 +87,34 @@ PROBE_TIMEOUT_S = 5.0  # DNS, connect and first answer together
 # wandb's own defaults wait 90 s for init and forever for the last upload; a run should not.
 # Applied unless the user sets WANDB_INIT_TIMEOUT / WANDB_FINISH_TIMEOUT.
 WANDB_TIMEOUTS = {"init_timeout": 30.0, "finish_timeout": 300.0}
+
+
+# WANDB_MODE's values (those wandb itself takes) as log.wandb's.
+WANDB_MODES = {"disabled": "off", "offline": "offline", "online": "online", "dryrun": "offline"}
+WANDB_KEYS = {"WANDB_PROJECT": "log.project", "WANDB_ENTITY": "log.entity"}
+
+
+def wandb_env_overrides(environ: Mapping[str, str]) -> list[str]:
+    """W&B's variables in `environ` as overrides, to be placed before the command line's so
+    that those win: command line > environment > config files > engine default. An unset or
+    empty variable sets nothing."""
+    overrides = []
+    if mode := environ.get("WANDB_MODE", "").strip().lower():
+        if mode not in WANDB_MODES:
+            raise ConfigError(
+                f"WANDB_MODE={environ['WANDB_MODE']!r} is not one of {', '.join(WANDB_MODES)}; "
+                "fix or unset it"
+            )
+        overrides.append(f"log.wandb={WANDB_MODES[mode]}")
+    overrides += [f"{key}={environ[name]}" for name, key in WANDB_KEYS.items() if environ.get(name)]
+    return overrides
+
+
+def wandb_root(run_dir: Path) -> Path:
+    """Where W&B writes its `wandb/` folder: $WANDB_DIR when set, else the run directory."""
+    if configured := os.environ.get("WANDB_DIR"):
+        return Path(configured).expanduser().absolute()
+    return run_dir
 
 
 def wandb_mode(cfg: LogConfig) -> str:
@@ -273,7 +307,7 @@ class Tracker:
                 cfg, config, run_id, f"wandb.init failed: {error_line(err)}"
             )
         if mode == "offline":
-            self._say_offline(offline_reason(cfg))
+            self._say_offline(offline_reason(cfg), run_id)
         return run
 
     def _start_wandb_offline(self, cfg: LogConfig, config: dict, run_id: str, reason: str):
@@ -282,7 +316,7 @@ class Tracker:
             run = self._init_wandb(cfg, "offline", config, run_id)
         except Exception as err:
             return self._disable_wandb(err)
-        self._say_offline(reason)
+        self._say_offline(reason, run_id)
         return run
 
     def _wandb_run_id(self) -> str:
@@ -298,13 +332,16 @@ class Tracker:
         timeouts = {
             k: v for k, v in WANDB_TIMEOUTS.items() if f"WANDB_{k.upper()}" not in os.environ
         }
+        root = wandb_root(self.run_dir)
+        root.mkdir(parents=True, exist_ok=True)
         with _redacted_argv():
             return wandb.init(
                 project=redact(cfg.project),
                 entity=redact(cfg.entity),
+                group=redact(os.environ.get("WANDB_RUN_GROUP")) or None,
                 id=run_id,
                 resume="allow",
-                dir=str(self.run_dir),
+                dir=str(root),
                 name=self.run_dir.name,
                 mode=mode,
                 config=config,
@@ -313,11 +350,11 @@ class Tracker:
                 ),
             )
 
-    def _say_offline(self, reason: str) -> None:
-        log(
-            f"W&B is offline ({reason}); upload later with: "
-            f"wandb sync {self.run_dir}/wandb/offline-run-*"
-        )
+    def _say_offline(self, reason: str, run_id: str) -> None:
+        root = wandb_root(self.run_dir)
+        # A shared WANDB_DIR holds other runs too: name this one by its id.
+        runs = "offline-run-*" if root == self.run_dir else f"offline-run-*-{run_id}"
+        log(f"W&B is offline ({reason}); upload later with: wandb sync {root}/wandb/{runs}")
 
     def _disable_wandb(self, err: Exception) -> None:
         """Report a W&B failure once; the run goes on without W&B."""
