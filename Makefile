@@ -3,21 +3,21 @@
 #   make train RECIPE=digits GPUS=8 NODES=1 PROCS=1 ARGS="optim.lr=0.2 train.epochs=5"
 #   make train RECIPE=imagenet CONFIG=v2     (a named variant: recipes/imagenet/v2.yaml)
 #   make recipes                             (lists recipes, variants, what each trains)
+#   make config RECIPE=gpt CONFIG=124m       (the resolved config; CONFIG= also takes a file)
 # Request variables reach launch through the environment, never through the shell
-# line, so a value such as ARGS='"; rm -rf x"' stays an inert argument.
+# line, so a value such as ARGS='"; rm -rf x"' stays an inert argument. Unset ones take
+# launch's defaults: RECIPE digits, NODES 1, PROCS 1; GPUS: this machine's for train, the
+# recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
-RECIPE ?= digits
-NODES ?= 1
-PROCS ?= 1
 SEEDS ?= 3
-export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS RUNS
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS RUNS ALLOW_CPU
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train recipes test test-fast submit docker-train image sif sweep report export bench lint dry-run venv lock clean
+.PHONY: train recipes config test test-fast submit sbatch docker-train image sif sweep report export bench lint dry-run venv lock clean
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -33,11 +33,21 @@ train: $(STAMP)
 recipes: $(STAMP)
 	@$(PY) -m launch recipes
 
+# The resolved config of a request, as the run saves it: save it and rerun it with CONFIG=FILE.
+config: $(STAMP)
+	@$(PY) -m launch config
+
 dry-run: $(STAMP)
 	@DRY_RUN=1 $(PY) -m launch train
 
+# Through submitit; DRY_RUN=1 prints the batch script it submits and each task's command.
 submit: $(STAMP)
 	@$(PY) -m launch submit
+
+# A hand-written batch script for `sbatch FILE` where the login node has no Python for
+# submitit: make sbatch RECIPE=imagenet > job.sh
+sbatch: $(STAMP)
+	@$(PY) -m launch sbatch
 
 sweep: $(STAMP)
 	@$(PY) -m launch sweep

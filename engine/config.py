@@ -263,6 +263,10 @@ class SlurmConfig:
     account: str | None = None  # sbatch --account
     qos: str | None = None  # sbatch --qos
     time_min: int = bounded(60, ge=1)  # the job's time limit, in minutes
+    # What the recipe needs on a cluster, asked for by submit and SLURM sweeps unless GPUS
+    # (or NODES) is given; never the GPUs of the submitting host. 0: CPU tasks.
+    gpus_per_node: int = bounded(0, ge=0)
+    nodes: int = bounded(1, ge=1)  # nodes the recipe needs on a cluster (NODES overrides)
     cpus_per_task: int | None = bounded(None, ge=1)  # per training process
     mem_gb: int | None = bounded(None, ge=1)  # memory per node
     constraint: str | None = None  # sbatch --constraint, e.g. a GPU type's feature

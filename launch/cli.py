@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.config import description
-from launch import render, report, request, sweep
+from launch import check, render, report, request, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -46,11 +46,14 @@ COMMANDS = (
     "image",
     "sif",
     "render",
+    "sbatch",
+    "config",
     "recipes",
     "report",
 )
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
+TRAINING_TARGETS = RUN_TARGETS  # the engine checks their config before they start
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--target", help=f"train: {'|'.join(RUN_TARGETS)}; render: also sbatch|image|sif"
     )
     p.add_argument("--dry-run", action="store_true", help="print the command (env DRY_RUN=1)")
+    p.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="submit with GPUS=0 a recipe that declares GPUs (env ALLOW_CPU=1)",
+    )
     p.add_argument("--seeds", help="sweep: number of seeds 0..N-1 (env SEEDS, default 3)")
     p.add_argument("--slurm", action="store_true", help="sweep: submit a SLURM job array")
     p.add_argument("--no-wait", action="store_true", help="sweep --slurm: submit and return")
@@ -153,7 +161,8 @@ def render_target(req: Request, target: str) -> list[str] | str:
 
 
 def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    target = {"docker-train": "docker", "image": "image", "sif": "sif"}.get(args.command)
+    fixed = {"docker-train": "docker", "image": "image", "sif": "sif", "sbatch": "sbatch"}
+    target = fixed.get(args.command)
     if target is None:
         label, target = request.pick_target(args, env)
         allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
@@ -170,17 +179,27 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.command == "render" or request.is_dry(args, env):
         print(render.shell_join(out))
         return 0
+    if target in TRAINING_TARGETS:
+        check.engine_check(req)
     execute(out)
 
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """What submitit submits: printed by a dry run, else checked by the engine and queued."""
     req = request.resolve(args, env, target="submit")
+    slurm = check.slurm_support()
     if request.is_dry(args, env):
-        print(render.sbatch_script(req), end="")
+        print(slurm.dry_run([req], slurm.job_folder(req), req.run_name), end="")
         return 0
-    from launch import slurm  # optional: submitit, needed only to submit
-
+    slurm.require_sbatch()
+    check.engine_check(req)
     return slurm.submit(req)
+
+
+def cmd_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The resolved config of a request, as the run would save it (a file CONFIG= reruns)."""
+    req = request.resolve(args, env, target="local")
+    execute([req.python, "-m", "engine.train", *render.engine_args(req), "--print-config"])
 
 
 def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -215,6 +234,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             return cmd_submit(args, env)
         if args.command == "sweep":
             return cmd_sweep(args, env)
+        if args.command == "config":
+            return cmd_config(args, env)
         if args.command == "recipes":
             return cmd_recipes(env)
         if args.command == "report":

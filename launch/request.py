@@ -27,6 +27,7 @@ OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # a folder name, never a path
 ENDPOINT = re.compile(r"[^\s:]+:[0-9]{1,5}")
+NCCL_SETTING = re.compile(r"NCCL_[A-Z0-9_]+")  # passed into containers by name
 SLURM_INTS = ("time_min", "cpus_per_task", "mem_gb", "signal_delay_s", "max_requeues")
 SLURM_FLAGS = {  # field: (flag, environment variable)
     "partition": ("--partition", "PARTITION"),
@@ -44,6 +45,8 @@ SLURM_FLAGS = {  # field: (flag, environment variable)
 PER_NODE_TARGETS = ("local", "docker", "apptainer")
 # Targets under SLURM, which starts the ranks without torchrun.
 SLURM_TARGETS = ("pyxis", "sbatch", "submit")
+# The recipe's `slurm:` keys that become the request's GPUS and NODES, not sbatch options.
+RESOURCES = ("gpus_per_node", "nodes")
 
 
 # ---------------------------------------------------------------- single values
@@ -153,8 +156,17 @@ def _names(env: Mapping[str, str]) -> str:
     return ", ".join(recipe_names(env)) or "none"
 
 
-def recipe_name(args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    label, recipe = pick(args.recipe, "--recipe", env, "RECIPE") or ("RECIPE", "digits")
+def recipe_name(args: argparse.Namespace, env: Mapping[str, str], config: str) -> str:
+    """RECIPE, else the recipe a config file records (CONFIG=runs/digits/b/config.yaml),
+    else digits."""
+    recorded = config_file_recipe(config) if catalog.is_config_file(config) else ""
+    picked = pick(args.recipe, "--recipe", env, "RECIPE")
+    if picked and recorded and picked[1] != recorded:
+        raise UserError(
+            f"CONFIG={config} is a config of recipe {recorded!r}, but {picked[0]}={picked[1]!r}; "
+            "leave the recipe unset to run the file's"
+        )
+    label, recipe = picked or ("CONFIG", recorded or "digits")
     if not RECIPE_NAME.fullmatch(recipe):
         raise UserError(
             f"{label}={recipe!r} is not a recipe name (letters, digits, '_', '.', '-'; "
@@ -171,8 +183,32 @@ def recipe_variants(recipe: str, env: Mapping[str, str]) -> list[str]:
         raise UserError(f"{err} (set RECIPE=NAME)") from None
 
 
+def config_file_recipe(path: str) -> str:
+    try:
+        return catalog.file_recipe(path)
+    except ConfigError as err:
+        raise UserError(f"CONFIG={path}: {err}") from None
+
+
+def config_argument(config: str) -> str:
+    """A config file as the engine is given it: relative to the checkout where it lies
+    inside (as a container, which mounts the checkout, sees it too), else absolute."""
+    if not catalog.is_config_file(config):
+        return config
+    path = Path(config).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def recorded_variant(recipe: str, config: str, env: Mapping[str, str]) -> str:
+    """The variant a config file was resolved from (for the run's name), or the variant."""
+    if not catalog.is_config_file(config):
+        return config
+    return catalog.config_layer(recipe, config, recipes_dir(env))[0]
+
+
 def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> dict:
-    """config.yaml with the variant's file layered on it, as the engine layers them."""
+    """config.yaml with the variant's file (or a config file) layered on it, as the engine
+    layers them."""
     folder = recipes_dir(env)
     try:
         catalog.config_path(recipe, folder)
@@ -180,7 +216,7 @@ def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> dict:
         raise UserError(
             f"unknown recipe {recipe!r}; available: {_names(env)} (set RECIPE=NAME)"
         ) from None
-    if variant:
+    if variant and not catalog.is_config_file(variant):
         try:
             catalog.variant_path(recipe, variant, folder)
         except ConfigError as err:
@@ -221,13 +257,24 @@ def run_name(overrides: tuple[str, ...]) -> str | None:
     return name
 
 
-def process_counts(args: argparse.Namespace, env: Mapping[str, str]):
-    """(GPUS's (label, text) if given, GPUs per node, nodes, CPU processes per node)."""
+def gpu_count(args: argparse.Namespace, env: Mapping[str, str], declared: int | None):
+    """(GPUS's (label, text) if given, GPUs per node): GPUS, else the recipe's declared
+    GPUs for a SLURM job, else 1 if this machine shows a GPU (a local run)."""
     picked = pick(args.gpus, "--gpus", env, "GPUS")
-    fix = "use GPUS=0 for CPU or GPUS=N for N GPUs per node"
-    gpus = whole(*picked, 0, fix) if picked else int(visible_gpu_count() > 0)
-    nodes = pick(args.nodes, "--nodes", env, "NODES") or ("NODES", "1")
-    nodes = whole(*nodes, 1, "use NODES=1 for one machine")
+    if picked:
+        return picked, whole(*picked, 0, "use GPUS=0 for CPU or GPUS=N for N GPUs per node")
+    return None, declared if declared is not None else int(visible_gpu_count() > 0)
+
+
+def process_counts(
+    args: argparse.Namespace, env: Mapping[str, str], declared: tuple[int, int] | None = None
+):
+    """(GPUS's (label, text) if given, GPUs per node, nodes, CPU processes per node).
+    `declared`: the recipe's (gpus_per_node, nodes) for a SLURM job, None for a local run."""
+    picked, gpus = gpu_count(args, env, declared[0] if declared else None)
+    given = pick(args.nodes, "--nodes", env, "NODES")
+    nodes = declared[1] if declared else 1
+    nodes = whole(*given, 1, "use NODES=1 for one machine") if given else nodes
     procs = pick(args.procs, "--procs", env, "PROCS") or ("PROCS", "1")
     procs = whole(*procs, 1, "use PROCS=N for N CPU processes")
     if procs > 1 and gpus > 0:
@@ -236,6 +283,27 @@ def process_counts(args: argparse.Namespace, env: Mapping[str, str]):
             f"GPU, so use GPUS=N alone, or GPUS=0 PROCS={procs} for CPU processes"
         )
     return picked, gpus, nodes, procs
+
+
+def check_cpu_job(
+    args: argparse.Namespace, env: Mapping[str, str], recipe: str, declared: int, gpus: int
+) -> None:
+    """A recipe that needs GPUs, submitted with GPUS=0, would queue a CPU job that runs for
+    days: only on an explicit yes."""
+    if declared and not gpus:
+        yes = args.allow_cpu or env.get("ALLOW_CPU", "").strip().lower() in ("1", "true", "yes")
+        if not yes:
+            raise UserError(
+                f"recipe {recipe} declares slurm.gpus_per_node={declared}, but GPUS=0 asks "
+                f"SLURM for CPU tasks; leave GPUS unset for {declared} GPU(s) per node, or "
+                "set ALLOW_CPU=1 (--allow-cpu) to submit it on CPU anyway"
+            )
+
+
+def declared_resources(config: dict) -> tuple[int, int]:
+    """The recipe's slurm.gpus_per_node and slurm.nodes (validated in resolve_slurm)."""
+    section = config.get("slurm") or {}
+    return int(section.get("gpus_per_node") or 0), int(section.get("nodes") or 1)
 
 
 def rendezvous(
@@ -273,7 +341,7 @@ def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict
         build_section("slurm", SlurmConfig, section)
     except ConfigError as err:
         raise UserError(f"recipe config.yaml: {err}") from None
-    values = {k: v for k, v in section.items() if v is not None}
+    values = {k: v for k, v in section.items() if v is not None and k not in RESOURCES}
     labels = {k: f"slurm.{k}" for k in values}
     for name, (flag, var) in SLURM_FLAGS.items():
         picked = pick(getattr(args, name), flag, env, var)
@@ -297,11 +365,15 @@ def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict
 
 
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
-    recipe = recipe_name(args, env)
-    variant = args.config or env.get("CONFIG") or ""
+    variant = config_argument(args.config or env.get("CONFIG") or "")
+    recipe = recipe_name(args, env, variant)
     config = recipe_config(recipe, variant, env)
     overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
-    picked, gpus, nodes, procs = process_counts(args, env)
+    slurm = resolve_slurm(args, env, config)
+    declared = declared_resources(config) if target in SLURM_TARGETS else None
+    picked, gpus, nodes, procs = process_counts(args, env, declared)
+    if declared:
+        check_cpu_job(args, env, recipe, declared[0], gpus)
     name = run_name(overrides)
     rdzv = rendezvous(args, env, nodes, name, target)
     restarts = max_restarts(args, env, target)
@@ -309,12 +381,11 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     image = args.image or env.get("IMAGE") or ""
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
-    slurm = resolve_slurm(args, env, config)
     if picked and target == "local":  # last: a warning never precedes an error
         check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
     return Request(
         recipe=recipe,
-        run_name=name or new_run_name(recipe, variant),
+        run_name=name or new_run_name(recipe, recorded_variant(recipe, variant, env)),
         variant=variant,
         gpus=gpus,
         nodes=nodes,
@@ -329,5 +400,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         data=env.get("RECIPES_DATA") or "data",
         run_root=str(run_root or "runs"),
         uid_gid=f"{os.getuid()}:{os.getgid()}",
+        passthrough_env=tuple(sorted(k for k in env if NCCL_SETTING.fullmatch(k))),
+        infiniband=Path("/dev/infiniband").exists(),
         slurm=slurm,
     )

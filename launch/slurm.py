@@ -22,6 +22,8 @@ Preemption, as submitit 1.5 and the engine share it:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core import utils as submitit_utils
 
 from engine import preempt
 from launch import render
@@ -40,13 +43,22 @@ from launch.render import PREEMPTED, Request
 class EngineJob(submitit.helpers.Checkpointable):
     """The submitted callable: `engine.cli.main([recipe, *args])` in this process."""
 
-    def __init__(self, recipe: str, args: list[str], src: str, max_requeues: int):
+    def __init__(
+        self,
+        recipe: str,
+        args: list[str],
+        src: str,
+        max_requeues: int,
+        environ: dict[str, str] | None = None,
+    ):
         self.recipe = recipe
         self.args = list(args)
         self.src = src
         self.max_requeues = max_requeues
+        self.environ = dict(environ or {})  # set in the task before the engine starts
 
     def __call__(self) -> int:
+        os.environ.update(self.environ)
         os.chdir(self.src)
         if self.src not in sys.path:
             sys.path.insert(0, self.src)
@@ -86,37 +98,76 @@ def setup_lines(req: Request) -> list[str]:
 
 
 def executor_parameters(req: Request) -> dict[str, Any]:
-    """AutoExecutor.update_parameters keywords for a request (None: not set)."""
+    """SlurmExecutor.update_parameters keywords (sbatch's own names) for a request."""
     s = req.slurm
     params: dict[str, Any] = {
-        "name": req.run_name,
+        "job_name": req.run_name,
         "nodes": req.nodes,
-        "tasks_per_node": req.procs_per_node,
+        "ntasks_per_node": req.procs_per_node,
         "gpus_per_node": req.gpus or None,
         "cpus_per_task": s.cpus_per_task,
-        "mem_gb": s.mem_gb,
-        "timeout_min": s.time_min,
-        "slurm_partition": s.partition,
-        "slurm_account": s.account,
-        "slurm_qos": s.qos,
-        "slurm_constraint": s.constraint,
-        "slurm_exclude": s.exclude,
-        "slurm_signal_delay_s": s.signal_delay_s,
-        "slurm_setup": setup_lines(req) or None,
-        "slurm_additional_parameters": {"requeue": True, "chdir": req.src},
+        "mem": f"{s.mem_gb}GB" if s.mem_gb else None,  # as submitit's AutoExecutor writes it
+        "time": s.time_min,
+        "partition": s.partition,
+        "account": s.account,
+        "qos": s.qos,
+        "constraint": s.constraint,
+        "exclude": s.exclude,
+        "signal_delay_s": s.signal_delay_s,
+        "setup": setup_lines(req) or None,
+        "additional_parameters": {"requeue": True, "chdir": req.src},
     }
     return {k: v for k, v in params.items() if v is not None}
 
 
-def engine_job(req: Request) -> EngineJob:
+class Executor(submitit.SlurmExecutor):
+    """submitit's SLURM executor, also where srun is absent: a dry run on a machine without
+    SLURM still prints the script a submission writes (submit checks for sbatch first)."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
+def engine_job(req: Request, environ: dict[str, str] | None = None) -> EngineJob:
     # engine_args()[0] is the recipe; run.name is in the args, so a requeue keeps the run.
-    return EngineJob(req.recipe, render.engine_args(req)[1:], req.src, req.slurm.max_requeues)
+    args = render.engine_args(req)[1:]
+    return EngineJob(req.recipe, args, req.src, req.slurm.max_requeues, environ)
 
 
-def executor(req: Request, folder: Path, **extra: Any) -> submitit.AutoExecutor:
-    ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+def executor(req: Request, folder: Path, **extra: Any) -> Executor:
+    ex = Executor(folder=folder)
     ex.update_parameters(**{**executor_parameters(req), **extra})
     return ex
+
+
+def job_folder(req: Request) -> Path:
+    return Path(req.src) / render.slurm_log_dir(req)
+
+
+def submission_script(ex: Executor, count: int) -> str:
+    """The batch script submitit writes for `count` jobs: one job, or one array of `count`
+    tasks. These are the calls submitit 1.5 makes in `_submit_command` and, for an array,
+    `_internal_process_submissions` (map_count); tests/slurm compares this text with the file
+    a real submission wrote, so a submitit upgrade that changes them fails there."""
+    if count > 1:
+        ex.parameters["map_count"] = count
+    try:
+        return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+    finally:
+        ex.parameters.pop("map_count", None)
+
+
+def dry_run(reqs: list[Request], folder: Path, name: str) -> str:
+    """What `submit` (one request) or a sweep (one array) would submit: submitit's script,
+    then, as comments, the command each task runs in-process from its pickled job."""
+    ex = executor(reqs[0], folder, job_name=name)
+    lines = ["# Each task unpickles its job and runs:"]
+    for i, r in enumerate(reqs):
+        task = f"array task {i}" if len(reqs) > 1 else "every task"
+        argv = ["python", "-m", "engine.train", *render.engine_args(r)]
+        lines.append(f"#   {task}: {render.shell_join(argv)}")
+    return submission_script(ex, len(reqs)) + "\n".join(lines) + "\n"
 
 
 def require_sbatch() -> None:
@@ -125,6 +176,72 @@ def require_sbatch() -> None:
             "sbatch is not on PATH, so nothing can be submitted from here; "
             "`python -m launch submit --dry-run` prints the batch script to submit elsewhere"
         )
+
+
+# sbatch's message (lower case) -> what to check
+SLURM_HINTS = (
+    (
+        ("unable to contact slurm controller", "configuration"),
+        "is slurmctld running and reachable from here? `sinfo` must answer (check SLURM_CONF)",
+    ),
+    (("invalid partition",), "check PARTITION; `sinfo -s` lists the partitions"),
+    (("invalid account",), "check ACCOUNT; `sacctmgr show assoc user=$USER` lists yours"),
+    (("invalid qos",), "check QOS; `sacctmgr show qos` lists them"),
+    (("time limit",), "lower TIME_MIN to the partition's limit; `sinfo -o '%P %l'` shows it"),
+    (
+        ("node configuration is not available", "more processors", "memory specification"),
+        "the request exceeds every node: check GPUS, NODES, CPUS_PER_TASK and MEM_GB "
+        "against `sinfo -N -o '%N %c %m %G'`",
+    ),
+)
+
+
+def slurm_error(message: str) -> str:
+    """sbatch's last error line and what to check, in one line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() or "fatal" in line.lower()]
+    said = (errors or lines or ["no message"])[-1]
+    said = said.removeprefix("sbatch: ").removeprefix("error: ").removeprefix("fatal: ")
+    text = message.lower()
+    hint = next(
+        (h for keys, h in SLURM_HINTS if any(k in text for k in keys)),
+        "check the request against `sinfo`",
+    )
+    return f"SLURM refused the job: {said}; {hint}; nothing was queued"
+
+
+class Undo:
+    """Removes what a failed submission left under the run directory (submitit writes its
+    pickles and script before it calls sbatch), and the directory itself if it was new."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.existed = run_dir.exists()
+        self.before = set(run_dir.rglob("*")) if self.existed else set()
+
+    def __call__(self) -> None:
+        if not self.existed:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        for path in sorted(set(self.run_dir.rglob("*")) - self.before, reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def submitted(submit_call, run_dir: Path):
+    """submit_call() with SLURM's refusal as one UserError and nothing left behind."""
+    undo = Undo(run_dir)
+    try:  # submitit prints sbatch's stderr before raising: the message comes once, below
+        with contextlib.redirect_stderr(io.StringIO()):
+            return submit_call()
+    except (submitit_utils.FailedJobError, submitit_utils.FailedSubmissionError) as err:
+        undo()
+        raise UserError(slurm_error(str(err)), code=1) from None
+    except (OSError, subprocess.SubprocessError) as err:
+        undo()
+        raise UserError(f"sbatch could not run: {err}; nothing was queued", code=1) from None
 
 
 def describe(job: Any, req: Request) -> str:
@@ -136,20 +253,25 @@ def describe(job: Any, req: Request) -> str:
             f"  run dir: {Path(req.src) / req.run_dir}",
             f"  stdout:  {job.paths.stdout}",
             f"  stderr:  {job.paths.stderr}",
+            f"  watch:   squeue -j {job.job_id}; tail -f {job.paths.stdout}",
         ]
     )
 
 
 def submit(req: Request) -> int:
     require_sbatch()
-    folder = Path(req.src) / render.slurm_log_dir(req)
-    job = executor(req, folder).submit(engine_job(req))
+    folder = job_folder(req)
+    ex = executor(req, folder)
+    job = submitted(lambda: ex.submit(engine_job(req)), Path(req.src) / req.run_dir)
     print(describe(job, req))
     return 0
 
 
-def submit_array(reqs: list[Request], folder: Path, name: str) -> list[Any]:
+def submit_array(
+    reqs: list[Request], folder: Path, name: str, environ: dict[str, str] | None = None
+) -> list[Any]:
     """One job array, one array task per request (all with the same resources)."""
     require_sbatch()
-    ex = executor(reqs[0], folder, name=name)
-    return ex.submit_array([engine_job(r) for r in reqs])
+    ex = executor(reqs[0], folder, job_name=name)
+    jobs = [engine_job(r, environ) for r in reqs]
+    return submitted(lambda: ex.submit_array(jobs), folder.parent)  # the sweep's folder

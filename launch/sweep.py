@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import subprocess
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import results
-from launch import charts, render, request
+from launch import charts, check, render, request
 from launch.errors import UserError
 from launch.render import Request
 from launch.runs import find_headline, read_json, read_metrics
@@ -209,14 +210,20 @@ def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def run_local(reqs: list[Request], dry: bool) -> None:
+def group_environ(base: str) -> dict[str, str]:
+    """The seeds share one W&B group, the sweep's name, unless WANDB_RUN_GROUP is set."""
+    return {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP") or base}
+
+
+def run_local(reqs: list[Request], dry: bool, environ: dict[str, str] | None = None) -> None:
     for i, r in enumerate(reqs):
         argv = render.local(r)
         if dry:
             print(render.shell_join(argv))
             continue
         print(f"+ {render.shell_join(argv)}", file=sys.stderr, flush=True)
-        rc = subprocess.run(argv, cwd=request.ROOT).returncode
+        env = {**os.environ, **(environ or {})}
+        rc = subprocess.run(argv, cwd=request.ROOT, env=env).returncode
         if rc != 0:
             base = r.run_name.rsplit("-seed", 1)[0]
             raise UserError(
@@ -227,9 +234,8 @@ def run_local(reqs: list[Request], dry: bool) -> None:
 
 
 def run_slurm(reqs: list[Request], folder: Path, base: str, wait: bool) -> bool:
-    from launch import slurm  # optional: submitit, needed only to submit
-
-    jobs = slurm.submit_array(reqs, folder / "slurm", name=base)
+    environ = group_environ(base)
+    jobs = check.slurm_support().submit_array(reqs, folder / "slurm", base, environ)
     for r, job in zip(reqs, jobs, strict=True):
         print(f"submitted {job.job_id}: {r.run_name}  (log {job.paths.stdout})")
     if not wait:
@@ -257,17 +263,20 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     base = req.run_name
     folder = report_dir(req.src, req.run_root, req.recipe, base)
     if request.is_dry(args, env):
-        if use_slurm:
-            print("\n".join(render.sbatch_script(r) for r in reqs), end="")
+        if use_slurm:  # the one job array submitit would submit
+            print(check.slurm_support().dry_run(reqs, folder / "slurm", base), end="")
         else:
             run_local(reqs, dry=True)
         return 0
+    if use_slurm:
+        check.slurm_support().require_sbatch()
+    check.engine_check(reqs[0])  # the seeds differ only in seed and run.name
     if use_slurm:
         if not run_slurm(reqs, folder, base, wait=not args.no_wait):
             print(f"when they finish: python -m launch sweep --recipe {req.recipe} --report {base}")
             return 0
     else:
-        run_local(reqs, dry=False)
+        run_local(reqs, dry=False, environ=group_environ(base))
     run_dirs = {i: Path(req.src) / r.run_dir for i, r in enumerate(reqs)}
     runs = read_summaries(run_dirs)
     print(write_report(folder, req.recipe, base, runs, run_dirs), end="")

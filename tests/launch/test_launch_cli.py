@@ -35,6 +35,10 @@ from pathlib import Path
 def main(argv):
     with open(os.environ["FAKE_RECORD"], "a") as f:
         f.write(json.dumps({"orig_argv": sys.orig_argv, "cwd": os.getcwd()}) + "\\n")
+    if "--check" in argv:
+        if os.environ.get("FAKE_CHECK_ERROR"):
+            print("error: " + os.environ["FAKE_CHECK_ERROR"], file=sys.stderr)
+        return 2 if os.environ.get("FAKE_CHECK_ERROR") else 0
     return int(os.environ.get("FAKE_RC", "0"))
 
 if __name__ == "__main__":
@@ -359,6 +363,18 @@ def fake_checkout(tmp_path):
     return helpers.fake_checkout(tmp_path / "checkout", FAKE_TRAIN, CONFIG)
 
 
+@pytest.mark.parametrize(("gpus", "procs", "world"), [("0", "3", "3"), ("0", "1", "1")])
+def test_a_config_the_engine_refuses_starts_nothing(fake_checkout, tmp_path, gpus, procs, world):
+    env = dict(GPUS=gpus, PROCS=procs, FAKE_RECORD=str(tmp_path / "rec"))
+    refusal = "train.batch_size=64 does not divide over 3 processes; use a multiple"
+    done = launch("train", cwd=fake_checkout, FAKE_CHECK_ERROR=refusal, **env)
+    assert done.returncode == 2
+    where = "for one process" if world == "1" else f"for {world} process(es)"
+    assert done.stderr == f"launch: {refusal} (config checked {where}; nothing was started)\n"
+    (check,) = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
+    assert check["orig_argv"][-2:] == ["--check", world]
+
+
 @pytest.mark.parametrize("rc", [0, 2, 75])
 def test_train_runs_the_printed_command_and_returns_its_exit_code(fake_checkout, tmp_path, rc):
     env = dict(GPUS="0", ARGS="run.name=fixed 'note=a b'", FAKE_RECORD=str(tmp_path / "rec"))
@@ -366,7 +382,82 @@ def test_train_runs_the_printed_command_and_returns_its_exit_code(fake_checkout,
     assert printed.returncode == 0, printed.stderr
     done = launch("train", cwd=fake_checkout, FAKE_RC=str(rc), **env)
     assert done.returncode == rc, done.stderr
-    (record,) = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
+    check, record = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
+    assert check["orig_argv"] == [*shlex.split(one_line(printed.stdout)), "--check", "1"]
     assert record["orig_argv"] == shlex.split(one_line(printed.stdout))
     assert record["cwd"] == str(fake_checkout)
     assert one_line(done.stderr) == "+ " + one_line(printed.stdout)
+
+
+def test_docker_passes_the_callers_nccl_settings_by_name_only(recipes):
+    secretish = "mlx5_0:1"
+    done = launch(
+        "docker-train", DRY_RUN="1", GPUS="1", NCCL_DEBUG="INFO", NCCL_IB_HCA=secretish,
+        RECIPES_DIR=str(recipes),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    passed = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
+    assert "NCCL_DEBUG" in passed and "NCCL_IB_HCA" in passed
+    assert secretish not in done.stdout and "INFO" not in done.stdout
+
+
+def test_submit_asks_for_the_recipes_gpus_not_this_machines():
+    """This machine shows no GPU; the job still asks for the 8 the recipe declares."""
+    env = {k: v for k, v in clean_env().items() if k != "GPUS"}
+    for command in (["submit"], ["sweep", "--slurm", "--seeds", "2"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "launch", *command, "--dry-run", "--recipe", "imagenet"],
+            cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "#SBATCH --gpus-per-node=8\n" in done.stdout, command
+        assert "#SBATCH --ntasks-per-node=8\n" in done.stdout, command
+        assert "device=cpu" not in done.stdout, command
+
+
+def test_a_cpu_submission_of_a_gpu_recipe_needs_an_explicit_yes():
+    refused = launch("submit", "--dry-run", RECIPE="imagenet", GPUS="0")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert one_line(refused.stderr) == (
+        "launch: recipe imagenet declares slurm.gpus_per_node=8, but GPUS=0 asks SLURM for "
+        "CPU tasks; leave GPUS unset for 8 GPU(s) per node, or set ALLOW_CPU=1 (--allow-cpu) "
+        "to submit it on CPU anyway"
+    )
+    allowed = launch("submit", "--dry-run", RECIPE="imagenet", GPUS="0", ALLOW_CPU="1")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "--gpus-per-node" not in allowed.stdout and "device=cpu" in allowed.stdout
+
+
+def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path):
+    saved = tmp_path / "config.yaml"  # as a run of `gpt --config 124m` saved it, in part
+    saved.write_text("recipe: gpt\nvariant: 124m\nslurm:\n  time_min: 7\n")
+    done = launch("submit", "--dry-run", CONFIG=str(saved))
+    assert done.returncode == 0, done.stderr
+    for line in ("--gpus-per-node=8", "--time=7"):  # 124m's GPUs, the file's time
+        assert f"#SBATCH {line}\n" in done.stdout
+    (task,) = [line for line in done.stdout.splitlines() if line.startswith("#   every task:")]
+    argv = shlex.split(task.removeprefix("#   every task:"))
+    assert argv[3:6] == ["gpt", "--config", str(saved)]
+    assert re.search(r"run\.name=\d{8}-\d{6}-gpt-124m-[0-9a-f]{4}", task)
+
+    other = launch("train", "--dry-run", CONFIG=str(saved), RECIPE="digits")
+    assert other.returncode == 2
+    assert one_line(other.stderr) == (
+        f"launch: CONFIG={saved} is a config of recipe 'gpt', but RECIPE='digits'; "
+        "leave the recipe unset to run the file's"
+    )
+    missing = launch("train", "--dry-run", CONFIG=str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2
+    nope = tmp_path / "nope.yaml"
+    assert one_line(missing.stderr) == f"launch: CONFIG={nope}: config file {nope} not found"
+
+
+def test_make_train_with_a_batch_that_does_not_divide_is_one_line_and_starts_nothing(tmp_path):
+    """The real engine checks the digits config (global batch 64) for 3 processes."""
+    done = launch("train", GPUS="0", PROCS="3", ARGS=f"run.root={tmp_path}")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("launch: train.batch_size=64 does not divide over 3 processes")
+    assert line.endswith("(config checked for 3 process(es); nothing was started)")
+    assert not list(tmp_path.iterdir())

@@ -14,7 +14,8 @@ from submitit.core import utils as submitit_utils
 
 from engine import preempt
 from engine.config import SlurmConfig
-from launch import render, slurm
+from launch import render, request, slurm
+from launch.errors import UserError
 from launch.render import Request, Slurm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,28 +40,28 @@ def req(**kw) -> Request:
 
 def test_parameters_of_a_multi_node_gpu_job():
     assert slurm.executor_parameters(req(gpus=4, nodes=2, slurm=FULL)) == {
-        "name": "RUN",
+        "job_name": "RUN",
         "nodes": 2,
-        "tasks_per_node": 4,
+        "ntasks_per_node": 4,
         "gpus_per_node": 4,
         "cpus_per_task": 8,
-        "mem_gb": 64,
-        "timeout_min": 90,
-        "slurm_partition": "gpu",
-        "slurm_account": "acct",
-        "slurm_qos": "high",
-        "slurm_constraint": "h100",
-        "slurm_exclude": "bad1",
-        "slurm_signal_delay_s": 300,
-        "slurm_setup": ["module load cuda", 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'],
-        "slurm_additional_parameters": {"requeue": True, "chdir": "/src"},
+        "mem": "64GB",
+        "time": 90,
+        "partition": "gpu",
+        "account": "acct",
+        "qos": "high",
+        "constraint": "h100",
+        "exclude": "bad1",
+        "signal_delay_s": 300,
+        "setup": ["module load cuda", 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'],
+        "additional_parameters": {"requeue": True, "chdir": "/src"},
     }
 
 
 def test_cpu_job_has_one_task_per_process_and_no_gpus():
     params = slurm.executor_parameters(req(gpus=0, procs=3))
-    assert params["tasks_per_node"] == 3 and "gpus_per_node" not in params
-    for unset in ("slurm_partition", "slurm_account", "mem_gb", "cpus_per_task", "slurm_setup"):
+    assert params["ntasks_per_node"] == 3 and "gpus_per_node" not in params
+    for unset in ("partition", "account", "mem", "cpus_per_task", "setup"):
         assert unset not in params
 
 
@@ -109,6 +110,80 @@ def test_submitit_renders_the_parameters_into_its_sbatch_script(fake_slurm_bin, 
     assert pickled.function.args == render.engine_args(r)[1:]
 
 
+def test_dry_run_is_the_script_a_submission_writes(fake_slurm_bin, tmp_path):
+    r = req(gpus=4, nodes=2, slurm=FULL, src=str(tmp_path))
+    folder = slurm.job_folder(r)
+    printed = slurm.dry_run([r], folder, r.run_name)
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+    slurm.executor(r, folder, job_name=r.run_name).submit(slurm.engine_job(r))
+    script, _, tasks = printed.partition("# Each task unpickles its job and runs:")
+    assert script == (tmp_path / "script.sh").read_text()
+    expected = render.shell_join(["python", "-m", "engine.train", *render.engine_args(r)])
+    assert tasks.strip() == f"#   every task: {expected}"
+
+
+def test_dry_run_of_a_sweep_is_the_array_a_submission_writes(fake_slurm_bin, tmp_path):
+    reqs = [req(gpus=0, run_name=f"B-seed{i}", src=str(tmp_path)) for i in range(3)]
+    printed = slurm.dry_run(reqs, tmp_path / "sweep" / "slurm", "B")
+    slurm.submit_array(reqs, tmp_path / "sweep" / "slurm", name="B")
+    script, _, tasks = printed.partition("# Each task unpickles its job and runs:")
+    assert script == (tmp_path / "script.sh").read_text()
+    assert "#SBATCH --array=0-2%3\n" in script
+    assert [line.split()[3] for line in tasks.strip().splitlines()] == ["0:", "1:", "2:"]
+    assert "run.name=B-seed2" in tasks.strip().splitlines()[2]
+
+
+@pytest.mark.parametrize(
+    ("stderr", "said", "hint"),
+    [
+        (
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+            "(connect failure)",
+            "Batch job submission failed: Unable to contact slurm controller (connect failure)",
+            "is slurmctld running",
+        ),
+        (
+            "sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job "
+            "submission failed: Invalid partition name specified",
+            "Batch job submission failed: Invalid partition name specified",
+            "check PARTITION",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Requested time limit is invalid "
+            "(missing or exceeds some limit)",
+            "Batch job submission failed: Requested time limit is invalid (missing or exceeds "
+            "some limit)",
+            "lower TIME_MIN",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+            "combination specified",
+            "Batch job submission failed: Invalid account or account/partition combination "
+            "specified",
+            "check ACCOUNT",
+        ),
+    ],
+)
+def test_slurm_refusals_are_one_line_with_what_to_check(stderr, said, hint):
+    line = slurm.slurm_error(stderr)
+    assert "\n" not in line
+    assert f"SLURM refused the job: {said}; {hint}" in line and line.endswith("nothing was queued")
+
+
+def test_a_refused_submission_leaves_nothing_behind(fake_slurm_bin, tmp_path, monkeypatch):
+    refuse = 'echo "sbatch: error: Batch job submission failed: Invalid qos specification" >&2'
+    (fake_slurm_bin.parent / "bin" / "sbatch").write_text(f"#!/bin/bash\n{refuse}\nexit 1\n")
+    kept = tmp_path / "runs" / "digits" / "OLD" / "slurm" / "1_0_log.out"  # an earlier attempt
+    kept.parent.mkdir(parents=True)
+    kept.write_text("log")
+    for name in ("NEW", "OLD"):
+        r = req(gpus=0, run_name=name, src=str(tmp_path))
+        with pytest.raises(UserError, match="Invalid qos specification; check QOS"):
+            slurm.submit(r)
+    assert not (tmp_path / "runs" / "digits" / "NEW").exists()
+    assert [p.name for p in kept.parent.iterdir()] == ["1_0_log.out"]
+
+
 def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys):
     r = req(gpus=0, src=str(tmp_path))
     assert slurm.submit(r) == 0
@@ -120,8 +195,10 @@ def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys)
 
 def test_array_of_seed_jobs_is_one_sbatch(fake_slurm_bin, tmp_path):
     reqs = [req(gpus=0, run_name=f"B-seed{i}", src=str(tmp_path)) for i in range(3)]
-    jobs = slurm.submit_array(reqs, tmp_path / "slurm", name="B")
+    jobs = slurm.submit_array(reqs, tmp_path / "slurm", "B", {"WANDB_RUN_GROUP": "B"})
     assert [j.job_id for j in jobs] == ["4242_0", "4242_1", "4242_2"]
+    pickled = submitit_utils.DelayedSubmission.load(tmp_path / "slurm" / "4242_2_submitted.pkl")
+    assert pickled.function.environ == {"WANDB_RUN_GROUP": "B"}  # set in the task
     assert fake_slurm_bin.read_text().count("sbatch ") == 1
     assert "#SBATCH --array=0-2%3\n" in (tmp_path / "script.sh").read_text()
 
@@ -277,7 +354,9 @@ def test_a_signal_before_the_engine_handler_meets_submitit_which_requeues_the_sa
 
 
 def test_launch_slurm_options_are_the_engine_slurm_section():
-    """One schema: launch's frozen Slurm carries exactly the engine's `slurm:` keys and defaults."""
+    """One schema: launch's frozen Slurm carries exactly the engine's `slurm:` keys and
+    defaults, apart from the resources that become the request's GPUS and NODES."""
     engine = {f.name: getattr(SlurmConfig(), f.name) for f in dataclasses.fields(SlurmConfig)}
+    engine = {k: v for k, v in engine.items() if k not in request.RESOURCES}
     launch = {f.name: getattr(Slurm(), f.name) for f in dataclasses.fields(Slurm)}
     assert launch == engine | {"setup": tuple(engine["setup"])}

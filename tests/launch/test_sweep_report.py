@@ -104,6 +104,8 @@ import json, os, sys
 from pathlib import Path
 
 def main(argv):
+    if "--check" in argv:  # launch's config check before the first seed
+        return 0
     recipe, args = argv[0], dict(a.split("=", 1) for a in argv[1:])
     seed = int(args["seed"])
     run = Path("runs") / recipe / args["run.name"]
@@ -114,6 +116,7 @@ def main(argv):
         return 1
     summary = {"top1": 0.9 + 0.01 * seed, "top5": 1.0, "eval_loss": 0.1, "seconds": 1.0,
                "steps": 10, "world_size": 1, "device": args.get("device"),
+               "group": os.environ.get("WANDB_RUN_GROUP"),
                "headline": "top1", "higher_is_better": True}
     (run / "summary.json").write_text(json.dumps(summary))
     return 0
@@ -150,6 +153,7 @@ def test_local_sweep_runs_each_seed_and_reports(checkout):
     assert "0.9100 ± 0.0100" in done.stdout
     data = json.loads((folder / "report.json").read_text())
     assert data["runs"]["1"]["summary"]["device"] == "cpu"
+    assert data["runs"]["1"]["summary"]["group"] == "base"  # one W&B group per sweep
     assert done.stderr.count("+ ") == 3
 
 
@@ -161,11 +165,14 @@ def test_sweep_dry_run_prints_one_command_per_seed(checkout):
     assert not (checkout / "runs").exists()
 
 
-def test_slurm_sweep_dry_run_prints_one_batch_script_per_seed(checkout):
-    done = launch_sweep(checkout, DRY_RUN="1", SEEDS="2", TARGET="submit", ARGS="run.name=b")
+def test_slurm_sweep_dry_run_prints_the_one_array_it_submits():
+    done = launch_sweep(ROOT, DRY_RUN="1", SEEDS="2", TARGET="submit", ARGS="run.name=b")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("#!/bin/bash\n") == 2
-    assert "run.name=b-seed0 seed=0\n" in done.stdout and "run.name=b-seed1 seed=1\n" in done.stdout
+    assert done.stdout.count("#!/bin/bash\n") == 1 and "#SBATCH --array=0-1%2\n" in done.stdout
+    assert "#SBATCH --job-name=b\n" in done.stdout
+    tasks = [line for line in done.stdout.splitlines() if line.startswith("#   array task ")]
+    assert [t.endswith(f"run.name=b-seed{i} seed={i}") for i, t in enumerate(tasks)] == [True] * 2
+    assert not (ROOT / "runs" / "digits" / "b-sweep").exists()
 
 
 def test_a_failing_seed_stops_the_sweep_with_its_code(checkout):

@@ -177,18 +177,23 @@ def test_hostile_request_values_stay_inert_through_the_cli(target, tmp_path, cap
 
 
 def test_hostile_request_values_stay_inert_in_the_submitted_script(tmp_path, capsys):
+    """The script submitit writes (the dry run prints it): every value quoted, the payload in
+    run.root reaching srun's log paths and the job folder as whole arguments; the engine's
+    arguments travel pickled, and the comment that shows them splits back into them."""
     assert cli.main(["submit", "--dry-run"], {**HOSTILE_ENV, "GPUS": "0"}) == 0
     script = capsys.readouterr().out
     done = run_bash(script, tmp_path)
     assert done.returncode == 0, done.stderr
     (srun,) = calls(tmp_path / "log")
     (line,) = [x for x in script.splitlines() if x.startswith("srun ")]
-    assert srun == shlex.split(line) and f"note={PAYLOAD}" in srun
+    assert srun == shlex.split(line) and srun[-1] == f"/runs/{PAYLOAD}/digits/shared/slurm"
     assert_no_payload_ran(srun, tmp_path)
     for name in ("PARTITION", "ACCOUNT", "QOS", "CONSTRAINT", "EXCLUDE"):
         key = name.lower()
         (directive,) = [x for x in script.splitlines() if x.startswith(f"#SBATCH --{key}=")]
         assert shlex.split(directive) == ["#SBATCH", f"--{key}={HOSTILE_ENV[name]}"]
+    (task,) = [x for x in script.splitlines() if x.startswith("#   every task: ")]
+    assert f"note={PAYLOAD}" in shlex.split(task.removeprefix("#   every task: "))
 
 
 def test_hostile_values_stay_inert_in_the_local_command(tmp_path):

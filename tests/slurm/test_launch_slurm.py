@@ -79,11 +79,24 @@ def stop_and_resume_steps(text: str) -> tuple[int, int]:
     return int(stopped[0]), int(step)
 
 
+def printed_script(*args: str, **env: str) -> str:
+    """The batch script part of a dry run (the task commands follow it as comments)."""
+    done = launch(*args, DRY_RUN="1", **env)
+    assert done.returncode == 0, done.stderr
+    script, marker, _ = done.stdout.partition("# Each task unpickles its job and runs:")
+    assert marker, done.stdout
+    return script
+
+
 def test_submit_on_two_nodes_records_both_hosts_and_passes_the_digits_bar(slurm_cluster, tmp_path):
     root = tmp_path / "runs"  # the recipe's own config: 15 epochs
-    job, out = submit(slurm_cluster, f"run.name=two run.root={root}", NODES="2")
+    args = f"run.name=two run.root={root}"
+    dry = printed_script("submit", ARGS=args, NODES="2")
+    assert not root.exists()
+    job, out = submit(slurm_cluster, args, NODES="2")
     run = root / "digits" / "two"
     assert f"run dir: {run}" in out and "2 node(s) x 1 task(s), CPU" in out
+    assert (run / "slurm" / f"{job}_submission.sh").read_text() == dry  # what the dry run showed
 
     result = slurm_cluster.wait(job, timeout=400)
     log = (run / "slurm" / f"{job}_0_log.err").read_text()
@@ -190,11 +203,15 @@ def test_rendered_sbatch_script_requeues_on_75_and_resumes(slurm_cluster, tmp_pa
 
 def test_sweep_of_three_seeds_as_a_job_array_reports_mean_and_std(slurm_cluster, tmp_path):
     args = f"train.epochs=1 run.name=sw run.root={tmp_path}/runs"
+    dry = printed_script("sweep", "--slurm", "--seeds", "3", ARGS=args)
     done = launch("sweep", "--slurm", "--seeds", "3", ARGS=args, timeout=400)
     tasks = re.findall(r"submitted (\d+)_(\d+): (\S+)", done.stdout)
     slurm_cluster.submitted += [f"{array}_{i}" for array, i, _ in tasks]
     assert done.returncode == 0, done.stdout + done.stderr
     assert len({array for array, _, _ in tasks}) == 1, done.stdout  # one job array
+    array = tasks[0][0]
+    written = tmp_path / "runs" / "digits" / "sw-sweep" / "slurm" / f"{array}_submission.sh"
+    assert written.read_text() == dry
     assert [(i, name) for _, i, name in tasks] == [(str(s), f"sw-seed{s}") for s in range(3)]
 
     parent = tmp_path / "runs" / "digits"
@@ -218,3 +235,37 @@ def test_sweep_of_three_seeds_as_a_job_array_reports_mean_and_std(slurm_cluster,
     mean_row = next(line for line in markdown.splitlines() if line.startswith("| mean ± std |"))
     assert f"{stats['mean']:.4f} ± {stats['std']:.4f}" in mean_row, markdown
     assert "over 3 seeds" in markdown
+
+
+def refused(**env: str) -> str:
+    """`python -m launch submit` that SLURM refuses: its one line; nothing queued or kept."""
+    name = f"refused-{os.getpid()}"
+    before = slurm_cluster_jobs()
+    done = launch("submit", ARGS=f"run.name={name} train.max_steps=2", timeout=120, **env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == "", done.stderr
+    assert not (ROOT / "runs" / "digits" / name).exists()
+    assert slurm_cluster_jobs() == before
+    return done.stderr
+
+
+def slurm_cluster_jobs() -> str:
+    return subprocess.run(
+        ["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True, timeout=30
+    ).stdout
+
+
+def test_an_unreachable_controller_is_one_line_and_leaves_nothing(slurm_cluster, tmp_path):
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text()
+    wrong_port = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1", conf)
+    assert wrong_port != conf
+    (tmp_path / "slurm.conf").write_text(wrong_port)
+    line = refused(SLURM_CONF=str(tmp_path / "slurm.conf"))
+    assert "Unable to contact slurm controller" in line
+    assert "is slurmctld running and reachable from here?" in line
+
+
+def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster):
+    line = refused(PARTITION="no-such-partition")
+    assert line.startswith("launch: SLURM refused the job: ")
+    assert "Invalid partition name specified; check PARTITION" in line

@@ -1,0 +1,63 @@
+"""Checks made before anything starts or is queued.
+
+The engine validates a request's config for its world size (batch sizes that divide over the
+processes, precision the device supports, a run directory that may be claimed, W&B's mode)
+in a subprocess, `python -m engine.train ... --check N`: launch imports no torch, and the same
+code then runs in every worker. A mistake is one line here, with nothing started, instead of
+a traceback from each worker under torchrun or a job that fails after its wait in the queue.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from types import ModuleType
+
+from launch import render
+from launch.errors import UserError
+from launch.render import Request
+from launch.request import ROOT
+
+CHECK_TIMEOUT_S = 600  # importing torch on a slow shared filesystem can take minutes
+
+
+def check_argv(req: Request) -> list[str]:
+    return [
+        req.python,
+        "-m",
+        "engine.train",
+        *render.engine_args(req),
+        "--check",
+        str(req.world_size),
+    ]
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1].removeprefix("error: ") if lines else ""
+
+
+def engine_check(req: Request) -> None:
+    """The request's config resolved and checked by the engine for req.world_size processes."""
+    try:
+        done = subprocess.run(
+            check_argv(req), cwd=ROOT, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        raise UserError(f"could not check the config with {req.python}: {err}", code=1) from None
+    if done.returncode == 0:
+        return
+    said = last_line(done.stderr) or f"exit code {done.returncode}"
+    where = f"for {req.world_size} process(es)" if req.world_size > 1 else "for one process"
+    raise UserError(f"{said} (config checked {where}; nothing was started)", code=2)
+
+
+def slurm_support() -> ModuleType:
+    """launch.slurm, whose submitit is needed only to submit or to print a submission."""
+    try:
+        from launch import slurm  # optional: a login node may lack submitit
+    except ImportError as err:
+        raise UserError(
+            f"{err.name or 'submitit'} is not installed here (make venv installs it); "
+            "`make sbatch` prints a hand-written batch script that needs no Python to submit"
+        ) from None
+    return slurm
