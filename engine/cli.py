@@ -51,7 +51,8 @@ options:
   --spawn N           run N local processes (gloo on CPU, one GPU each on CUDA)
   --print-config      print the resolved config (what the run saves as config.yaml), then exit
   --check N           resolve the config and check it for N processes, then exit; writes
-                      nothing
+                      nothing. The data too, where its location exists on this machine
+  --data-here         with --check: the data must be on this machine (a local launch)
   -h, --help          this help; after RECIPE, also the recipe's model and data keys
   key=value           a config key below, e.g. optim.lr=0.2 train.epochs=5
 
@@ -73,6 +74,7 @@ class Request:
     overrides: list[str] = field(default_factory=list)
     spawn: int = 0  # > 1: start this many local processes
     check: int = 0  # > 0: check the config for this many processes, then exit
+    data_here: bool = False  # --check: missing data is an error, not "on another machine"
     print_config: bool = False
     help: bool = False
 
@@ -113,12 +115,13 @@ def parse_argv(argv: list[str]) -> Request:
     args = list(argv)
     wants_help = _take_flag(args, "--help", "-h")
     print_config = _take_flag(args, "--print-config")
+    data_here = _take_flag(args, "--data-here")
     spawn = _count("--spawn", _take_option(args, "--spawn"), least=0)
     check = _count("--check", _take_option(args, "--check"), least=1)
     config = _take_option(args, "--config") or ""
     named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
-    return Request(recipe, config, args, spawn, check, print_config, wants_help)
+    return Request(recipe, config, args, spawn, check, data_here, print_config, wants_help)
 
 
 def _recipe_of(config: str, wants_help: bool) -> str:
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg, recipe = load(request)
         if request.check or request.print_config:
-            return check_or_print(request, cfg)
+            return check_or_print(request, cfg, recipe)
         return run(request, cfg, recipe)
     except C.ConfigError as err:
         if is_rank_zero():
@@ -181,11 +184,12 @@ def saved_run_name(request: Request) -> str:
     return name if isinstance(name, str) else ""
 
 
-def check_or_print(request: Request, cfg: C.Config) -> int:
+def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     """--check N: the checks a launch of N processes makes first; --print-config: the config.
     Neither writes anything."""
     if request.check:
         preflight(cfg, request.check)
+        check_data(cfg, recipe, request.data_here)
     if request.print_config:
         sys.stdout.write(redact(C.dump(cfg)))
     else:
@@ -227,6 +231,20 @@ def preflight(cfg: C.Config, world_size: int) -> None:
         run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
     wandb_mode(cfg.log)
+
+
+def data_location(cfg: C.Config) -> str:
+    """Where the data config points (data.root, else data.path); "" for nowhere."""
+    return getattr(cfg.data, "root", "") or getattr(cfg.data, "path", "") or ""
+
+
+def check_data(cfg: C.Config, recipe: Recipe, here: bool) -> None:
+    """The recipe's look at its data, where this machine can see it: a job submitted from a
+    login node may read a data root that only the compute nodes mount."""
+    location = data_location(cfg)
+    if recipe.check_data is None or not (here or (location and Path(location).exists())):
+        return
+    recipe.check_data(cfg.data)
 
 
 # ---------------------------------------------------------------- --help

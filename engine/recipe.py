@@ -71,3 +71,7 @@ class Recipe:
     # with data.root=root, and a user can try the recipe before the download. None: the recipe
     # reads no files (its data ships with a package or is generated).
     example_data: Callable[..., None] | None = None
+    # check_data(data_config) looks where the data config points (a few directory listings,
+    # no file reads) and raises a one-line DataError naming what is missing: launch runs it
+    # before starting or queueing anything. None: nothing to look at (packaged or generated).
+    check_data: Callable[[Any], None] | None = None

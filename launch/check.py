@@ -20,15 +20,11 @@ from launch.request import ROOT
 CHECK_TIMEOUT_S = 600  # importing torch on a slow shared filesystem can take minutes
 
 
-def check_argv(req: Request) -> list[str]:
-    return [
-        req.python,
-        "-m",
-        "engine.train",
-        *render.engine_args(req),
-        "--check",
-        str(req.world_size),
-    ]
+def check_argv(req: Request, data_here: bool) -> list[str]:
+    """The engine's check; data_here: this machine runs it, so its data must be here too
+    (otherwise a data location this machine cannot see may be the compute nodes')."""
+    check = ["--check", str(req.world_size), *(["--data-here"] if data_here else [])]
+    return [req.python, "-m", "engine.train", *render.engine_args(req), *check]
 
 
 def last_line(text: str) -> str:
@@ -36,11 +32,16 @@ def last_line(text: str) -> str:
     return lines[-1].removeprefix("error: ") if lines else ""
 
 
-def engine_check(req: Request) -> None:
-    """The request's config resolved and checked by the engine for req.world_size processes."""
+def engine_check(req: Request, data_here: bool = False) -> None:
+    """The request's config resolved and checked by the engine for req.world_size processes,
+    and its data where this machine can see it."""
     try:
         done = subprocess.run(
-            check_argv(req), cwd=ROOT, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+            check_argv(req, data_here),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
         )
     except (OSError, subprocess.SubprocessError) as err:
         raise UserError(f"could not check the config with {req.python}: {err}", code=1) from None

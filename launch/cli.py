@@ -180,7 +180,7 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(render.shell_join(out))
         return 0
     if target in TRAINING_TARGETS:
-        check.engine_check(req)
+        check.engine_check(req, data_here=target == "local")
     execute(out)
 
 

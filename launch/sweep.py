@@ -270,7 +270,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return 0
     if use_slurm:
         check.slurm_support().require_sbatch()
-    check.engine_check(reqs[0])  # the seeds differ only in seed and run.name
+    check.engine_check(reqs[0], data_here=not use_slurm)  # seeds differ in seed and name
     if use_slurm:
         if not run_slurm(reqs, folder, base, wait=not args.no_wait):
             print(f"when they finish: python -m launch sweep --recipe {req.recipe} --report {base}")

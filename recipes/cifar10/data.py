@@ -56,6 +56,12 @@ def _per_sample(cfg: DataConfig, train: bool) -> v2.Compose:
     return v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
 
 
+def check_data(cfg: DataConfig) -> None:
+    """The seven official files at data.root, unless data.download fetches them."""
+    if not cfg.download:
+        cifar_files.require(Path(cfg.root))
+
+
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     root = Path(cfg.root)
     if cfg.download:

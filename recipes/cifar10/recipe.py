@@ -1,7 +1,7 @@
 from torch import nn
 
 from engine.recipe import Recipe, flip_width
-from recipes.cifar10.data import DataConfig, build_datasets, normalised
+from recipes.cifar10.data import DataConfig, build_datasets, check_data, normalised
 from recipes.cifar10.example import write_example
 from recipes.cifar10.model import ModelConfig, Whiten, build_model, whiten_init
 
@@ -23,4 +23,5 @@ RECIPE = Recipe(
     mirror=flip_width,
     resume_safe=("data.download",),
     example_data=write_example,
+    check_data=check_data,
 )

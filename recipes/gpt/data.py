@@ -9,6 +9,7 @@ than one block)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,16 @@ def read_bytes(path: str) -> bytes:
             f"data.path={path!r} cannot be read ({e.strerror or type(e).__name__}): "
             "name a readable text file, or leave data.path empty for the built-in corpus"
         ) from None
+
+
+def check_data(cfg: DataConfig) -> None:
+    """data.path names a readable file (or is empty: the built-in corpus)."""
+    path = Path(cfg.path).expanduser()
+    if cfg.path and not (path.is_file() and os.access(path, os.R_OK)):
+        raise ConfigError(
+            f"data.path={cfg.path!r} is not a readable file: name a text file, or leave "
+            "data.path empty for the built-in corpus"
+        )
 
 
 def split(data: torch.Tensor, eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 from engine.recipe import Recipe
 from engine.tasks import NextToken
-from recipes.gpt.data import DataConfig, build_datasets
+from recipes.gpt.data import DataConfig, build_datasets, check_data
 from recipes.gpt.model import ModelConfig, blocks, build_model, flops_per_token, init_weights
 
 RECIPE = Recipe(
@@ -14,4 +14,5 @@ RECIPE = Recipe(
     # One sample is one block of data.block_size tokens.
     flops_per_sample=lambda model, data: flops_per_token(model, data.block_size) * data.block_size,
     units_per_sample=lambda data: data.block_size,
+    check_data=check_data,
 )

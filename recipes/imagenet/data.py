@@ -13,7 +13,13 @@ from torch.utils.data import Dataset
 
 from engine.config import bounded
 from engine.data.gpu_decode import DeviceDecodedFiles, check_augment
-from engine.data.imagefolder import FolderHelp, FolderIndex, ImageFiles, folder_indexes
+from engine.data.imagefolder import (
+    FolderHelp,
+    FolderIndex,
+    ImageFiles,
+    check_layout,
+    folder_indexes,
+)
 from engine.data.images import ImageAugment, TrainTransform, eval_transform
 from engine.data.synthetic import SyntheticImages
 
@@ -47,6 +53,12 @@ def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderI
     """The (train, val) indexes of ImageNet at root, or a one-line DataError saying where to
     get it and how to lay it out."""
     return folder_indexes(root, cache_dir, HELP)
+
+
+def check_data(cfg: DataConfig) -> None:
+    """ImageNet's folders at data.root (no file is read), unless the data is synthetic."""
+    if not cfg.synthetic:
+        check_layout(Path(cfg.root), HELP)
 
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:

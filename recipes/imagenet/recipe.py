@@ -1,5 +1,5 @@
 from engine.recipe import Recipe, flip_width
-from recipes.imagenet.data import DataConfig, build_datasets
+from recipes.imagenet.data import DataConfig, build_datasets, check_data
 from recipes.imagenet.example import write_example
 from recipes.imagenet.model import ModelConfig, build_model
 
@@ -12,4 +12,5 @@ RECIPE = Recipe(
     mirror=flip_width,
     faster_input="data.decode=gpu",
     example_data=write_example,
+    check_data=check_data,
 )

@@ -372,7 +372,7 @@ def test_a_config_the_engine_refuses_starts_nothing(fake_checkout, tmp_path, gpu
     where = "for one process" if world == "1" else f"for {world} process(es)"
     assert done.stderr == f"launch: {refusal} (config checked {where}; nothing was started)\n"
     (check,) = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
-    assert check["orig_argv"][-2:] == ["--check", world]
+    assert check["orig_argv"][-3:] == ["--check", world, "--data-here"]
 
 
 @pytest.mark.parametrize("rc", [0, 2, 75])
@@ -383,7 +383,8 @@ def test_train_runs_the_printed_command_and_returns_its_exit_code(fake_checkout,
     done = launch("train", cwd=fake_checkout, FAKE_RC=str(rc), **env)
     assert done.returncode == rc, done.stderr
     check, record = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
-    assert check["orig_argv"] == [*shlex.split(one_line(printed.stdout)), "--check", "1"]
+    here = ["--check", "1", "--data-here"]  # a local run: its data must be on this machine
+    assert check["orig_argv"] == [*shlex.split(one_line(printed.stdout)), *here]
     assert record["orig_argv"] == shlex.split(one_line(printed.stdout))
     assert record["cwd"] == str(fake_checkout)
     assert one_line(done.stderr) == "+ " + one_line(printed.stdout)
@@ -461,3 +462,12 @@ def test_make_train_with_a_batch_that_does_not_divide_is_one_line_and_starts_not
     assert line.startswith("launch: train.batch_size=64 does not divide over 3 processes")
     assert line.endswith("(config checked for 3 process(es); nothing was started)")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_local_run_whose_data_is_missing_is_one_line_and_starts_nothing(tmp_path):
+    missing = tmp_path / "imagenet"
+    done = launch("train", RECIPE="imagenet", GPUS="0", ARGS=f"data.root={missing}")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"launch: data root {missing} not found: put ImageNet there as ")
+    assert not missing.exists()

@@ -1,0 +1,75 @@
+"""`python -m engine.train RECIPE --check N`: the recipe's look at its data, where this
+machine can see it (a login node may not mount the compute nodes' data), and always with
+--data-here (a local launch)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import catalog
+from engine.data.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def check(recipe: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.train", recipe, "device=cpu", *args, "--check", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_data_this_machine_cannot_see_may_be_the_compute_nodes(tmp_path):
+    done = check("imagenet", f"data.root={tmp_path}/elsewhere")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "config ok for 2 processes\n"
+
+
+def test_data_that_must_be_here_and_is_not_is_one_line(tmp_path):
+    done = check("imagenet", f"data.root={tmp_path}/elsewhere", "--data-here")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: data root {tmp_path}/elsewhere not found")
+    assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("recipe", "make", "said"),
+    [
+        ("imagenet", lambda root: (root / "train" / "n01").mkdir(parents=True), "val not found"),
+        ("cifar10", lambda root: None, "CIFAR-10 not found in"),
+        ("gpt", lambda root: None, "is not a readable file"),
+    ],
+)
+def test_visible_data_in_the_wrong_shape_is_one_line(tmp_path, recipe, make, said):
+    root = tmp_path / "data"
+    root.mkdir()
+    make(root)
+    key = "data.path" if recipe == "gpt" else "data.root"  # gpt: a directory is no text file
+    done = check(recipe, f"{key}={root}")
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith("error: ") and said in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+    assert sorted(p.name for p in root.iterdir()) == (["train"] if recipe == "imagenet" else [])
+
+
+def test_synthetic_images_need_no_data_here():
+    done = check("imagenet", "data.synthetic=true", "data.root=/nonexistent", "--data-here")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", catalog.available())
+def test_a_recipe_that_reads_files_checks_them_and_passes_on_its_example(name, tmp_path):
+    recipe = catalog.load(name)
+    if recipe.example_data is None:  # its data ships with a package or is generated
+        return
+    cfg, _ = catalog.load_config(name, [f"data.root={tmp_path}"])
+    assert recipe.check_data is not None, f"{name} reads files but declares no check_data"
+    with pytest.raises(DataError):
+        recipe.check_data(cfg.data)  # nothing there yet
+    recipe.example_data(tmp_path)
+    recipe.check_data(cfg.data)
