@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launch.request import visible_gpu_count
 from tests import helpers
@@ -471,3 +472,21 @@ def test_a_local_run_whose_data_is_missing_is_one_line_and_starts_nothing(tmp_pa
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"launch: data root {missing} not found: put ImageNet there as ")
     assert not missing.exists()
+
+
+def test_make_config_prints_what_would_run_and_the_file_reruns_it(tmp_path):
+    first = launch("config", RECIPE="gpt", CONFIG="124m", GPUS="0", ARGS="optim.lr=0.001")
+    assert first.returncode == 0, first.stderr
+    printed = yaml.safe_load(first.stdout)
+    assert (printed["recipe"], printed["variant"]) == ("gpt", "124m")
+    assert printed["optim"]["lr"] == 0.001 and printed["device"] == "cpu"
+    assert printed["slurm"]["gpus_per_node"] == 8  # the variant's declaration
+    saved = tmp_path / "config.yaml"
+    saved.write_text(first.stdout)
+    again = launch("config", CONFIG=str(saved), GPUS="0")
+    assert again.returncode == 0, again.stderr
+    rerun = yaml.safe_load(again.stdout)
+    names = [rerun["run"].pop("name"), printed["run"].pop("name")]
+    assert names[0] != names[1]  # a new run
+    assert not any((ROOT / "runs" / "gpt" / name).exists() for name in names)  # none written
+    assert rerun == printed
