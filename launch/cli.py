@@ -199,7 +199,11 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def cmd_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The resolved config of a request, as the run would save it (a file CONFIG= reruns)."""
     req = request.resolve(args, env, target="local")
-    execute([req.python, "-m", "engine.train", *render.engine_args(req), "--print-config"])
+    argv = [req.python, "-m", "engine.train", *render.engine_args(req), "--print-config"]
+    if request.is_dry(args, env):
+        print(render.shell_join(argv))
+        return 0
+    execute(argv)
 
 
 def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str]) -> int:

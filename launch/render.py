@@ -202,22 +202,28 @@ def docker_run(req: Request) -> list[str]:
     return [*argv, req.image, *engine_command(req, "python")]
 
 
-def _srun_options(req: Request) -> list[str]:
+def job_options(req: Request) -> dict[str, object]:
+    """What the job asks SLURM for, by sbatch's option names with '_' for '-' (submitit's
+    parameter names too): pyxis's srun, the batch script and submitit share it."""
     s = req.slurm
-    argv = [f"--nodes={req.nodes}", f"--ntasks-per-node={req.procs_per_node}"]
-    if req.gpus:
-        argv.append(f"--gpus-per-node={req.gpus}")
-    optional = {
+    options = {
+        "nodes": req.nodes,
+        "ntasks_per_node": req.procs_per_node,
+        "gpus_per_node": req.gpus or None,
+        "cpus_per_task": s.cpus_per_task,
+        "mem": f"{s.mem_gb}G" if s.mem_gb else None,  # per node
+        "time": s.time_min,
         "partition": s.partition,
         "account": s.account,
         "qos": s.qos,
-        "cpus-per-task": s.cpus_per_task,
-        "mem": f"{s.mem_gb}G" if s.mem_gb else None,
         "constraint": s.constraint,
         "exclude": s.exclude,
     }
-    argv += [f"--{k}={v}" for k, v in optional.items() if v is not None]
-    return [*argv, f"--time={s.time_min}"]
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _srun_options(req: Request) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in job_options(req).items()]
 
 
 def pyxis(req: Request) -> list[str]:
@@ -297,17 +303,7 @@ def sbatch_script(req: Request) -> str:
     logs = slurm_log_dir(req)
     directives = {
         "job-name": f"{req.recipe}-{req.run_name}",
-        "nodes": req.nodes,
-        "ntasks-per-node": req.procs_per_node,
-        "gpus-per-node": req.gpus or None,
-        "cpus-per-task": s.cpus_per_task,
-        "mem": f"{s.mem_gb}G" if s.mem_gb else None,
-        "time": s.time_min,
-        "partition": s.partition,
-        "account": s.account,
-        "qos": s.qos,
-        "constraint": s.constraint,
-        "exclude": s.exclude,
+        **{k.replace("_", "-"): v for k, v in job_options(req).items()},
         "signal": f"USR2@{s.signal_delay_s}",  # to every task of each step, not the script
         "requeue": True,
         "open-mode": "append",  # a requeued job appends to the same logs

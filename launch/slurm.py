@@ -99,21 +99,10 @@ def setup_lines(req: Request) -> list[str]:
 
 def executor_parameters(req: Request) -> dict[str, Any]:
     """SlurmExecutor.update_parameters keywords (sbatch's own names) for a request."""
-    s = req.slurm
     params: dict[str, Any] = {
         "job_name": req.run_name,
-        "nodes": req.nodes,
-        "ntasks_per_node": req.procs_per_node,
-        "gpus_per_node": req.gpus or None,
-        "cpus_per_task": s.cpus_per_task,
-        "mem": f"{s.mem_gb}GB" if s.mem_gb else None,  # as submitit's AutoExecutor writes it
-        "time": s.time_min,
-        "partition": s.partition,
-        "account": s.account,
-        "qos": s.qos,
-        "constraint": s.constraint,
-        "exclude": s.exclude,
-        "signal_delay_s": s.signal_delay_s,
+        **render.job_options(req),
+        "signal_delay_s": req.slurm.signal_delay_s,
         "setup": setup_lines(req) or None,
         "additional_parameters": {"requeue": True, "chdir": req.src},
     }

@@ -45,7 +45,7 @@ def test_parameters_of_a_multi_node_gpu_job():
         "ntasks_per_node": 4,
         "gpus_per_node": 4,
         "cpus_per_task": 8,
-        "mem": "64GB",
+        "mem": "64G",
         "time": 90,
         "partition": "gpu",
         "account": "acct",
@@ -99,7 +99,7 @@ def test_submitit_renders_the_parameters_into_its_sbatch_script(fake_slurm_bin, 
     script = (tmp_path / "script.sh").read_text()
     for line in (
         "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=8",
-        "--mem=64GB", "--time=90", "--partition=gpu", "--account=acct", "--qos=high",
+        "--mem=64G", "--time=90", "--partition=gpu", "--account=acct", "--qos=high",
         "--constraint=h100", "--exclude=bad1", "--signal=USR2@300", "--requeue",
         f"--chdir={tmp_path}", "--job-name=RUN",
     ):  # fmt: skip
