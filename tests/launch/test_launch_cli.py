@@ -347,6 +347,9 @@ def test_submit_without_sbatch_says_so_and_shows_the_dry_run(recipes, tmp_path):
     assert done.returncode == 2
     line = one_line(done.stderr)
     assert "sbatch is not on PATH" in line and "submit --dry-run" in line
+    printed = launch("submit", "--dry-run", GPUS="0", RECIPES_DIR=str(recipes), PATH=str(tmp_path))
+    assert printed.returncode == 0, printed.stderr  # no srun, no sbatch: the script all the same
+    assert printed.stdout.startswith("#!/bin/bash\n") and "\nsrun " in printed.stdout
 
 
 def test_a_missing_program_is_one_line(recipes, tmp_path):
