@@ -2,35 +2,41 @@
 machine can see it (a login node may not mount the compute nodes' data), and always with
 --data-here (a local launch)."""
 
-import subprocess
-import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 
-from engine import catalog
+from engine import catalog, cli
 from engine.data.errors import DataError
 
-ROOT = Path(__file__).resolve().parents[2]
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def check(recipe: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "engine.train", recipe, "device=cpu", *args, "--check", "2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.fixture
+def check(capsys):
+    """engine.cli.main(RECIPE device=cpu ARGS --check 2) in this process (the same code as
+    `python -m engine.train`, without a torch import per test)."""
+
+    def run(recipe: str, *args: str) -> Done:
+        rc = cli.main([recipe, "device=cpu", *args, "--check", "2"])
+        out = capsys.readouterr()
+        return Done(rc, out.out, out.err)
+
+    return run
 
 
-def test_data_this_machine_cannot_see_may_be_the_compute_nodes(tmp_path):
+def test_data_this_machine_cannot_see_may_be_the_compute_nodes(check, tmp_path):
     done = check("imagenet", f"data.root={tmp_path}/elsewhere")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "config ok for 2 processes\n"
 
 
-def test_data_that_must_be_here_and_is_not_is_one_line(tmp_path):
+def test_data_that_must_be_here_and_is_not_is_one_line(check, tmp_path):
     done = check("imagenet", f"data.root={tmp_path}/elsewhere", "--data-here")
     assert done.returncode == 2
     assert done.stderr.startswith(f"error: data root {tmp_path}/elsewhere not found")
@@ -45,7 +51,7 @@ def test_data_that_must_be_here_and_is_not_is_one_line(tmp_path):
         ("gpt", lambda root: None, "is not a readable file"),
     ],
 )
-def test_visible_data_in_the_wrong_shape_is_one_line(tmp_path, recipe, make, said):
+def test_visible_data_in_the_wrong_shape_is_one_line(check, tmp_path, recipe, make, said):
     root = tmp_path / "data"
     root.mkdir()
     make(root)
@@ -57,7 +63,7 @@ def test_visible_data_in_the_wrong_shape_is_one_line(tmp_path, recipe, make, sai
     assert sorted(p.name for p in root.iterdir()) == (["train"] if recipe == "imagenet" else [])
 
 
-def test_synthetic_images_need_no_data_here():
+def test_synthetic_images_need_no_data_here(check):
     done = check("imagenet", "data.synthetic=true", "data.root=/nonexistent", "--data-here")
     assert done.returncode == 0, done.stderr
 
