@@ -13,6 +13,16 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["log.wandb=off", "log.progress=plain", "device=cpu"]
+# What launch reads from the environment (launch/cli.py's docstring) and make's own variables:
+# a launch test sets the ones it means and inherits none from the shell that runs it.
+REQUEST_VARS = frozenset(
+    (
+        "RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS TARGET RDZV_ENDPOINT "
+        "RECIPES_DATA RECIPES_DIR RUNS ALLOW_CPU MAX_RESTARTS PARTITION ACCOUNT QOS TIME_MIN "
+        "CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S MAX_REQUEUES MAKEFLAGS "
+        "MAKELEVEL MFLAGS"
+    ).split()
+)
 
 
 def engine_env(**extra: str) -> dict[str, str]:
@@ -20,6 +30,24 @@ def engine_env(**extra: str) -> dict[str, str]:
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WANDB_API_KEY")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     return env | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"} | extra
+
+
+def launch_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """base (this process's environment) without the request variables, then extra."""
+    base = dict(os.environ) if base is None else base
+    return {k: v for k, v in base.items() if k not in REQUEST_VARS} | extra
+
+
+def launch(*args: str, cwd: Path = REPO, timeout: float = 60, **env: str):
+    """`python -m launch ARGS` with only the request variables given here."""
+    return subprocess.run(
+        [sys.executable, "-m", "launch", *args],
+        cwd=cwd,
+        env=launch_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def torchrun(n: int) -> list[str]:

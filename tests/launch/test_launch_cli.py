@@ -14,13 +14,9 @@ import yaml
 
 from launch.request import visible_gpu_count
 from tests import helpers
+from tests.helpers import launch, launch_env
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUEST_VARS = (
-    "RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS TARGET RDZV_ENDPOINT RECIPES_DATA RECIPES_DIR "
-    "PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S "
-    "MAX_REQUEUES MAX_RESTARTS MAKEFLAGS MAKELEVEL MFLAGS"
-).split()
 CONFIG = """\
 seed: 0
 train: {epochs: 1}
@@ -54,22 +50,6 @@ def recipes(tmp_path):
         (tmp_path / "recipes" / name).mkdir(parents=True)
         (tmp_path / "recipes" / name / "config.yaml").write_text(CONFIG)
     return tmp_path / "recipes"
-
-
-def clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in REQUEST_VARS}
-    return {**env, **extra}
-
-
-def launch(*args, cwd=ROOT, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launch", *args],
-        cwd=cwd,
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def one_line(out: str) -> str:
@@ -173,7 +153,7 @@ def make_dry_run(recipes, *variables: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["make", "-s", "dry-run", *variables],
         cwd=ROOT,
-        env=clean_env(RECIPES_DIR=str(recipes)),
+        env=launch_env(RECIPES_DIR=str(recipes)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -409,7 +389,7 @@ def test_docker_passes_the_callers_nccl_settings_by_name_only(recipes):
 
 def test_submit_asks_for_the_recipes_gpus_not_this_machines():
     """This machine shows no GPU; the job still asks for the 8 the recipe declares."""
-    env = {k: v for k, v in clean_env().items() if k != "GPUS"}
+    env = {k: v for k, v in launch_env().items() if k != "GPUS"}
     for command in (["submit"], ["sweep", "--slurm", "--seeds", "2"]):
         done = subprocess.run(
             [sys.executable, "-m", "launch", *command, "--dry-run", "--recipe", "imagenet"],

@@ -21,23 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["train.max_steps=24", "log.every_steps=4"]
 SPAWN_2 = [sys.executable, "-m", "engine.train", "--spawn", "2"]
 STAMP = ".venv/.installed-lock"  # the Makefile's venv stamp; -o: never rebuild it from here
-REQUEST_VARS = ("RECIPE", "CONFIG", "ARGS", "SEEDS", "DRY_RUN", "GPUS", "PROCS", "NODES", "RUNS")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in helpers.engine_env().items() if k not in REQUEST_VARS}
-    return env | {"MAKEFLAGS": "", "MAKELEVEL": ""} | extra
+    return helpers.launch_env(helpers.engine_env(), **extra)
 
 
 def launch(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launch", *args],
-        cwd=ROOT,
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return helpers.launch(*args, timeout=600, **env)
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,8 @@
 `python -m launch sweep` with a fake engine."""
 
 import json
-import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -132,16 +130,7 @@ def checkout(tmp_path):
 
 
 def launch_sweep(checkout: Path, *args, **env) -> subprocess.CompletedProcess:
-    drop = {"RECIPE", "ARGS", "SEEDS", "DRY_RUN", "GPUS", "PROCS", "NODES", "RECIPES_DIR", "TARGET"}
-    full = {k: v for k, v in os.environ.items() if k not in drop} | {"GPUS": "0"} | env
-    return subprocess.run(
-        [sys.executable, "-m", "launch", "sweep", *args],
-        cwd=checkout,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return helpers.launch("sweep", *args, cwd=checkout, timeout=120, **{"GPUS": "0", **env})
 
 
 def test_local_sweep_runs_each_seed_and_reports(checkout):

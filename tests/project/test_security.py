@@ -13,7 +13,8 @@ import pytest
 
 from launch import cli
 from tests import helpers
-from tests.launch.test_launch_cli import CONFIG, FAKE_TRAIN, launch, one_line
+from tests.helpers import launch
+from tests.launch.test_launch_cli import CONFIG, FAKE_TRAIN, one_line
 from tests.launch.test_render import PAYLOAD, calls, run_bash
 
 ROOT = Path(__file__).resolve().parents[2]

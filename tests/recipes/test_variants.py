@@ -9,15 +9,15 @@ import pytest
 
 from engine import config as C
 from engine.catalog import load_config
-from tests.helpers import REPO, engine_env
-from tests.launch.test_launch_cli import clean_env, launch, one_line
+from tests.helpers import REPO, engine_env, launch, launch_env
+from tests.launch.test_launch_cli import one_line
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["make", "-s", *args],
         cwd=REPO,
-        env=clean_env(),
+        env=launch_env(),
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,17 +11,16 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests import helpers
 from tests.helpers import final_weights, read_wandb_history, same_weights
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUEST_VARS = {"RECIPE", "GPUS", "NODES", "PROCS", "ARGS", "DRY_RUN", "SEEDS", "TARGET"}
 DIGITS_BAR = 0.98  # top1 the digits recipe reaches with its own config (15 epochs)
 # Preemption runs: 110 steps (22 per epoch), one log line per step, so that the signal sent
 # once step 30 is logged stops training mid-epoch, well before its end.
@@ -31,16 +30,7 @@ RESUMED = re.compile(r"resuming from \S+/step-(\d+)\.pt \(epoch \d+, step (\d+)\
 
 
 def launch(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k not in REQUEST_VARS}
-    full.update(GPUS="0", WANDB_MODE="offline", **env)
-    return subprocess.run(
-        [sys.executable, "-m", "launch", *args],
-        cwd=ROOT,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return helpers.launch(*args, timeout=timeout, **{"GPUS": "0", "WANDB_MODE": "offline", **env})
 
 
 def submit(slurm_cluster, args: str, **env: str) -> tuple[str, str]:
