@@ -90,11 +90,14 @@ def config_layer(
     return variant, merge(base, layer)
 
 
-def layered_yaml(name: str, config: str = "", folder: Path = RECIPES_DIR) -> dict[str, Any]:
-    """config.yaml with the variant's file or the config file (`--config`) layered on it: the
-    recipe's part of a config, before the engine's defaults and the overrides (what launch
-    reads for `slurm:`)."""
-    return merge(read_yaml(config_path(name, folder)), config_layer(name, config, folder)[1])
+def layered_yaml(
+    name: str, config: str = "", folder: Path = RECIPES_DIR
+) -> tuple[str, dict[str, Any]]:
+    """(the variant, config.yaml with the variant's file or the config file (`--config`)
+    layered on it): the recipe's part of a config, before the engine's defaults and the
+    overrides (what launch reads for `slurm:`). A config file's variant is the one it records."""
+    variant, layer = config_layer(name, config, folder)
+    return variant, merge(read_yaml(config_path(name, folder)), layer)
 
 
 def default_data_root(name: str, recipes_data: str | None) -> str:

@@ -71,9 +71,13 @@ def whole(label: str, text: str, minimum: int, fix: str) -> int:
     return value
 
 
+def is_set(env: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable (DRY_RUN=1, ALLOW_CPU=true) says yes."""
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def is_dry(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
-    flag = env.get("DRY_RUN", "").strip().lower() in ("1", "true", "yes", "on")
-    return bool(args.dry_run or flag or args.command == "dry-run")
+    return bool(args.dry_run or is_set(env, "DRY_RUN") or args.command == "dry-run")
 
 
 def pick_target(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
@@ -199,16 +203,9 @@ def config_argument(config: str) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def recorded_variant(recipe: str, config: str, env: Mapping[str, str]) -> str:
-    """The variant a config file was resolved from (for the run's name), or the variant."""
-    if not catalog.is_config_file(config):
-        return config
-    return catalog.config_layer(recipe, config, recipes_dir(env))[0]
-
-
-def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> dict:
-    """config.yaml with the variant's file (or a config file) layered on it, as the engine
-    layers them."""
+def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> tuple[str, dict]:
+    """(the variant, config.yaml with the variant's file or a config file layered on it, as
+    the engine layers them); a config file's variant is the one it records."""
     folder = recipes_dir(env)
     try:
         catalog.config_path(recipe, folder)
@@ -223,7 +220,7 @@ def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> dict:
             raise UserError(str(err)) from None
     try:
         return catalog.layered_yaml(recipe, variant, folder)
-    except ConfigError as err:  # the file is not YAML, or not a mapping of sections
+    except ConfigError as err:  # a file that is not YAML, or not a mapping of sections
         raise UserError(f"{err}; fix the file") from None
 
 
@@ -290,14 +287,12 @@ def check_cpu_job(
 ) -> None:
     """A recipe that needs GPUs, submitted with GPUS=0, would queue a CPU job that runs for
     days: only on an explicit yes."""
-    if declared and not gpus:
-        yes = args.allow_cpu or env.get("ALLOW_CPU", "").strip().lower() in ("1", "true", "yes")
-        if not yes:
-            raise UserError(
-                f"recipe {recipe} declares slurm.gpus_per_node={declared}, but GPUS=0 asks "
-                f"SLURM for CPU tasks; leave GPUS unset for {declared} GPU(s) per node, or "
-                "set ALLOW_CPU=1 (--allow-cpu) to submit it on CPU anyway"
-            )
+    if declared and not gpus and not (args.allow_cpu or is_set(env, "ALLOW_CPU")):
+        raise UserError(
+            f"recipe {recipe} declares slurm.gpus_per_node={declared}, but GPUS=0 asks "
+            f"SLURM for CPU tasks; leave GPUS unset for {declared} GPU(s) per node, or "
+            "set ALLOW_CPU=1 (--allow-cpu) to submit it on CPU anyway"
+        )
 
 
 def declared_resources(config: dict) -> tuple[int, int]:
@@ -367,7 +362,7 @@ def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
     variant = config_argument(args.config or env.get("CONFIG") or "")
     recipe = recipe_name(args, env, variant)
-    config = recipe_config(recipe, variant, env)
+    recorded_variant, config = recipe_config(recipe, variant, env)
     overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
     slurm = resolve_slurm(args, env, config)
     declared = declared_resources(config) if target in SLURM_TARGETS else None
@@ -385,7 +380,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
     return Request(
         recipe=recipe,
-        run_name=name or new_run_name(recipe, recorded_variant(recipe, variant, env)),
+        run_name=name or new_run_name(recipe, recorded_variant),
         variant=variant,
         gpus=gpus,
         nodes=nodes,
