@@ -111,6 +111,11 @@ def engine_args(req: Request) -> list[str]:
     return [req.recipe, *added, *req.overrides]
 
 
+def is_one_process(req: Request) -> bool:
+    """One engine process and nothing around it: no torchrun, no restarts."""
+    return req.nodes == 1 and req.procs_per_node == 1 and not req.max_restarts
+
+
 def engine_command(req: Request, python: str) -> list[str]:
     """The command one node runs: plain python, torchrun standalone, or multi-node torchrun.
 
@@ -119,7 +124,7 @@ def engine_command(req: Request, python: str) -> list[str]:
     with max_restarts runs under torchrun too: torchrun is what restarts it."""
     module = ["-m", "engine.train", *engine_args(req)]
     n = req.procs_per_node
-    if req.nodes == 1 and n == 1 and not req.max_restarts:
+    if is_one_process(req):
         return [python, *module]
     torchrun = [python, "-m", "torch.distributed.run"]
     restarts = [f"--max-restarts={req.max_restarts}"] if req.max_restarts else []
