@@ -242,7 +242,7 @@ def describe(job: Any, req: Request) -> str:
             f"  run dir: {Path(req.src) / req.run_dir}",
             f"  stdout:  {job.paths.stdout}",
             f"  stderr:  {job.paths.stderr}",
-            f"  watch:   squeue -j {job.job_id}; tail -f {job.paths.stdout}",
+            f"  watch:   squeue -j {job.job_id}; tail -f {job.paths.stderr}",  # the engine logs there
         ]
     )
 

@@ -191,6 +191,8 @@ def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys)
     assert "submitted job 4242" in out
     assert f"run dir: {tmp_path}/runs/digits/RUN" in out
     assert f"{tmp_path}/runs/digits/RUN/slurm/4242_0_log.out" in out
+    log = f"{tmp_path}/runs/digits/RUN/slurm/4242_0_log.err"  # the engine's log: stderr
+    assert f"watch:   squeue -j 4242; tail -f {log}\n" in out
 
 
 def test_array_of_seed_jobs_is_one_sbatch(fake_slurm_bin, tmp_path):
