@@ -3,6 +3,7 @@
     python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] [--spawn N]
     python -m engine.train --config FILE [key=value ...]    (the file names its recipe)
     python -m engine.train RECIPE [...] --print-config | --check N
+    python -m engine.train RECIPE [...] --eval PATH [--ema] [--out FILE] [--spawn N]
     python -m engine.train [RECIPE] --help
 
 The config: engine defaults < the recipe's config.yaml < the variant or config file < W&B's
@@ -35,7 +36,7 @@ from engine.train import PeerFailure, train
 
 USAGE = (
     "usage: python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] "
-    "[--spawn N | --check N | --print-config | --help]"
+    "[--spawn N | --check N | --print-config | --eval PATH [--ema] [--out FILE] | --help]"
 )
 
 OPTIONS = f"""{USAGE}
@@ -53,6 +54,11 @@ options:
   --check N           resolve the config and check it for N processes, then exit; writes
                       nothing. The data too, where its location exists on this machine
   --data-here         with --check: the data must be on this machine (a local launch)
+  --eval PATH         evaluate only: score a checkpoint, run folder, export or weights file
+                      on the held-out split (any number of processes) and write the result
+                      as JSON beside it (<name>.eval.json); no training, no run directory
+  --ema               with --eval: the checkpoint's averaged weights (EMA)
+  --out FILE          with --eval: write the result here instead
   -h, --help          this help; after RECIPE, also the recipe's model and data keys
   key=value           a config key below, e.g. optim.lr=0.2 train.epochs=5
 
@@ -77,6 +83,16 @@ class Request:
     data_here: bool = False  # --check: missing data is an error, not "on another machine"
     print_config: bool = False
     help: bool = False
+    evaluate: str = ""  # --eval PATH: score these weights, train nothing
+    ema: bool = False  # --eval --ema
+    out: str = ""  # --eval --out FILE
+
+    def eval_flags(self) -> list[str]:
+        """--eval and its options as given, for the processes --spawn starts."""
+        if not self.evaluate:
+            return []
+        flags = ["--eval", self.evaluate, *(["--ema"] if self.ema else [])]
+        return flags + (["--out", self.out] if self.out else [])
 
 
 def _take_option(args: list[str], flag: str) -> str | None:
@@ -116,12 +132,19 @@ def parse_argv(argv: list[str]) -> Request:
     wants_help = _take_flag(args, "--help", "-h")
     print_config = _take_flag(args, "--print-config")
     data_here = _take_flag(args, "--data-here")
+    ema = _take_flag(args, "--ema")
+    evaluate = _take_option(args, "--eval") or ""
+    out = _take_option(args, "--out") or ""
+    if (ema or out) and not evaluate:
+        raise C.ConfigError(f"--ema and --out go with --eval PATH; {USAGE}")
     spawn = _count("--spawn", _take_option(args, "--spawn"), least=0)
     check = _count("--check", _take_option(args, "--check"), least=1)
     config = _take_option(args, "--config") or ""
     named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
-    return Request(recipe, config, args, spawn, check, data_here, print_config, wants_help)
+    request = Request(recipe, config, args, spawn, check, data_here, print_config, wants_help)
+    request.evaluate, request.ema, request.out = evaluate, ema, out
+    return request
 
 
 def _recipe_of(config: str, wants_help: bool) -> str:
@@ -203,8 +226,13 @@ def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     preflight(cfg, spawn if spawn > 1 else denv.world_size)
     if spawn > 1:
         head = [request.recipe, *(["--config", request.config] if request.config else [])]
+        head += request.eval_flags()
         name = cfg.run.name or rundir.new_run_name(cfg.recipe, cfg.variant)
         return spawn_local(spawn, main, head, request.overrides, name)
+    if request.evaluate:
+        from engine.score import score
+
+        return score(cfg, recipe, Path(request.evaluate), request.ema, request.out)
     preempt.install_handlers()
     return train(cfg, recipe)
 
@@ -259,7 +287,7 @@ def help_text(recipe_name: str) -> str:
     parts = [OPTIONS, f"recipes: {', '.join(catalog.available())}"]
     if recipe_name:
         recipe = catalog.load(recipe_name)
-        own = {"model": recipe.model_config, "data": recipe.data_config}
+        own = {"model": C.with_weights_init(recipe.model_config), "data": recipe.data_config}
         summaries |= {f"{name} ({recipe_name})": C.class_summary(cls) for name, cls in own.items()}
         sections |= {
             f"{name} ({recipe_name})": C.describe_section(name, c) for name, c in own.items()

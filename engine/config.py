@@ -138,7 +138,16 @@ class OptimConfig:
     # > 0: optim.lr is the rate for a global batch of this size and scales linearly with
     # train.batch_size (the linear scaling rule); the global batch, not the GPU count, decides.
     lr_reference_batch: int = bounded(0, ge=0)
-    decay_norm_bias: bool = False  # also apply weight decay to norm weights and biases
+    # Weight decay on norm weights and biases too (1-d parameters); off: they are not decayed.
+    decay_norm_bias: bool = False
+    # Parameters left as they are (no gradient, not in the optimizer), by name pattern
+    # (fnmatch, e.g. "layer1.*"); each pattern must match a parameter. Norm layers in a frozen
+    # part still update their running statistics in training mode.
+    freeze: list[str] = field(default_factory=list)
+    # "PATTERN=FACTOR" entries: parameters whose name matches get optim.lr x FACTOR (weight
+    # decay unchanged), the first matching entry wins, e.g. ["fc.*=1", "*=0.1"]: the head at
+    # the full rate, the rest at a tenth.
+    lr_mult: list[str] = field(default_factory=list)
     # How the update runs: fused (one kernel for all parameters), foreach (batched ops),
     # loop (per parameter). auto: fused where the device supports it, else foreach.
     implementation: Literal["auto", "fused", "foreach", "loop"] = "auto"
@@ -291,6 +300,43 @@ ENGINE_SECTIONS: dict[str, type] = {
     "slurm": SlurmConfig,
     "fault": FaultConfig,
 }
+
+
+@dataclass
+class WeightsInit:
+    """Every recipe's model section also has these keys (with_weights_init): where the
+    model's first weights come from, when not from the seed. A resumed run loads its
+    checkpoint instead."""
+
+    # A file or folder whose weights start the run: a checkpoint (file, sharded folder, or a
+    # run folder: its newest valid one), an export (.pt, .safetensors), a torchvision or timm
+    # weights file; wrapper prefixes (module., _orig_mod.) are dropped.
+    init_from: str = ""
+    # A torchvision weights name (e.g. ResNet50_Weights.IMAGENET1K_V2), read from the local
+    # cache ($TORCH_HOME/hub/checkpoints) only, never downloaded; its eval preprocessing is
+    # used unless data.augment.follow_weights=false.
+    weights: str = ""
+    init_ema: bool = False  # take the averaged weights (EMA) of a checkpoint that holds them
+    # Every tensor must match by name and shape: no head is re-initialised, none left unused.
+    init_strict: bool = False
+    # Tensors kept as the seed initialised them, by name pattern (fnmatch, e.g. "conv1.*").
+    init_skip: list[str] = field(default_factory=list)
+
+
+def with_weights_init(model_config: type) -> type:
+    """The recipe's model section with WeightsInit's keys after its own (a subclass: the
+    recipe's builder receives what it declared, plus keys it need not read)."""
+    if issubclass(model_config, WeightsInit):
+        return model_config
+    hints = typing.get_type_hints(WeightsInit)
+    added = [
+        (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory))
+        for f in dataclasses.fields(WeightsInit)
+    ]
+    made = dataclasses.make_dataclass(model_config.__name__, added, bases=(model_config,))
+    made.__module__, made.__qualname__ = model_config.__module__, model_config.__qualname__
+    made.meanings_from = WeightsInit  # field_meanings reads the keys' comments there
+    return made
 
 
 @dataclass
@@ -684,6 +730,15 @@ def field_meanings(cls: type) -> dict[str, str]:
     """Each field's meaning, read from the comments in the class's source: the comment at the
     end of the field's line, else the comment lines just above it, joined into one line.
     "" for a field without one; {} when the source cannot be read."""
+    found: dict[str, str] = {}
+    for owner in [*reversed(cls.__mro__), getattr(cls, "meanings_from", object)]:
+        if dataclasses.is_dataclass(owner) and "__dataclass_fields__" in vars(owner):
+            found |= _own_meanings(owner)
+    return found
+
+
+def _own_meanings(cls: type) -> dict[str, str]:
+    """The meanings of the fields declared in cls's own source."""
     source = _class_source(cls)
     if not source:
         return {}

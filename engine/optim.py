@@ -21,16 +21,25 @@ def param_groups(model: nn.Module, cfg: OptimConfig, lr: float) -> list[dict]:
     """By default no weight decay on biases and normalization weights (1-d parameters).
 
     A model may mark a parameter with an `lr_scale` attribute (airbench's fast BN biases):
-    it gets lr * lr_scale and weight_decay / lr_scale, so the decay per step is unchanged."""
-    groups: dict[tuple[bool, float], list] = {}
-    for p in model.parameters():
+    it gets lr * lr_scale and weight_decay / lr_scale, so the decay per step is unchanged.
+    optim.lr_mult's factor multiplies the rate alone (timm's layer-wise rates do the same)."""
+    from engine.finetune import lr_factors  # fnmatch rules shared with optim.freeze
+
+    factors = lr_factors(model, cfg.lr_mult)
+    groups: dict[tuple[bool, float, float], list] = {}
+    for name, p in model.named_parameters():
         if p.requires_grad:
             decays = cfg.decay_norm_bias or p.ndim > 1
-            groups.setdefault((decays, getattr(p, "lr_scale", 1.0)), []).append(p)
+            key = (decays, getattr(p, "lr_scale", 1.0), factors[name])
+            groups.setdefault(key, []).append(p)
     return [
-        {"params": params, "lr": lr * scale, "weight_decay": cfg.weight_decay / scale * decays}
-        for (decays, scale), params in sorted(
-            groups.items(), key=lambda kv: (not kv[0][0], kv[0][1])
+        {
+            "params": params,
+            "lr": lr * scale * factor,
+            "weight_decay": cfg.weight_decay / scale * decays,
+        }
+        for (decays, scale, factor), params in sorted(
+            groups.items(), key=lambda kv: (not kv[0][0], kv[0][1], -kv[0][2])
         )
     ]
 

@@ -79,6 +79,7 @@ class Run:
     first_bad_step: torch.Tensor | None = None
     memory_format: torch.memory_format = torch.contiguous_format  # of 4-d input batches
     trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
+    init_record: dict | None = None  # the first weights' file (engine.finetune), if any
 
     def autocast(self):
         if self.amp_dtype is None:

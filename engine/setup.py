@@ -14,8 +14,8 @@ from torch import nn
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
+from engine import finetune, rundir
 from engine import parallel as P
-from engine import rundir
 from engine.checkpoint.state import check_resumable, restore, resume_source
 from engine.data.loaders import train_loader
 from engine.data.mix import build_mix
@@ -41,6 +41,7 @@ class Placed:
     wrapped: nn.Module
     eval_model: nn.Module
     layout: torch.memory_format
+    init: dict | None = None  # where the first weights came from (engine.finetune), if a file
 
 
 def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
@@ -79,7 +80,11 @@ def build_datasets(cfg: C.Config, recipe: Recipe):
     return train_data, eval_data
 
 
-def setup(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device) -> Run:
+def setup(
+    cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device, records: bool = True
+) -> Run:
+    """The run, ready to train; records=False (evaluation only) claims no run directory and
+    writes nothing."""
     run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
     mode = wandb_mode(cfg.log) if denv.is_main else "off"
     plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
@@ -94,11 +99,13 @@ def setup(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device) 
         check_resumable(cfg, recipe, strategy, source, denv.is_main)
     placed = place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, data[0], source)
     run = assemble(cfg, recipe, denv, device, strategy, run_dir, plan, dtype, placed, data)
+    run.init_record = source[1].get("init") if source else placed.init
     if source:
         run.state = restore(run, source)
         if denv.is_main:
             log(f"resuming from {source[0]} (epoch {run.state.epoch}, step {run.state.step})")
-    open_run_dir(run, mode)
+    if records:
+        open_run_dir(run, mode)
     return run
 
 
@@ -116,6 +123,9 @@ def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_d
         recipe.prepare(model, train_data)
     if from_file and not on_meta:
         ckpt.load_model_state(model, source[1]["model"], source[0])
+    from_weights = not source and finetune.wanted(cfg.model)
+    init = start_from(model, cfg, denv) if from_weights and not on_meta else None
+    finetune.freeze(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
     set_backend_flags(cfg.train, cfg.deterministic)
     # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
     layout = memory_format(model, cfg.train.channels_last and not strategy.shards)
@@ -129,8 +139,19 @@ def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_d
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
         weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
+        init = start_from(model, cfg, denv) if from_weights else None
         ema = build_ema(model, cfg.ema)
-    return Placed(model, ema, wrapped, eval_model, layout)
+    return Placed(model, ema, wrapped, eval_model, layout, init)
+
+
+def start_from(model: nn.Module, cfg: C.Config, denv: D.DistEnv) -> dict:
+    """model.init_from / model.weights loaded into the model, said once."""
+    record = finetune.start_from(model, cfg.model, denv.is_main)
+    if cfg.model.weights:
+        record["preprocessing"] = finetune.follow_weights(cfg)  # set at load_config already
+    if denv.is_main:
+        log(finetune.describe(record))
+    return record
 
 
 def assemble(
@@ -196,6 +217,8 @@ def open_run_dir(run: Run, wandb: str) -> None:
         task = run.task
         env = environment(denv.world_size, hosts, run.device)
         env["task"] = task_facts(task.headline, task.higher_is_better, task.unit)
+        if run.init_record:
+            env["init"] = run.init_record
         ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
 
 

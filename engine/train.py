@@ -334,6 +334,8 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         "epochs": st.epoch,
         "world_size": run.denv.world_size,
     }
+    if run.init_record:
+        summary["init"] = run.init_record
     if run.skip_bad:
         summary["bad_samples"] = st.bad_samples
         log(f"skipped {st.bad_samples} unreadable training samples (data.skip_bad)")

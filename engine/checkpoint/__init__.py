@@ -125,10 +125,8 @@ def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             state = _read(path)
         except Exception as err:  # torn by a crash, tampered, or from an incompatible version
-            failures.append(f"{path.name}: {_reason(err)}")
-            print(
-                f"warning: skipping unreadable checkpoint {path}: {_reason(err)}", file=sys.stderr
-            )
+            failures.append(f"{path.name}: {reason(err)}")
+            print(f"warning: skipping unreadable checkpoint {path}: {reason(err)}", file=sys.stderr)
             continue
         return path, state
     if failures:
@@ -140,7 +138,7 @@ def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def _reason(err: Exception) -> str:
+def reason(err: Exception) -> str:
     text = " ".join(str(err).split())
     first = text.split(". ")[0][:160]
     return f"{type(err).__name__}: {first}" if first else type(err).__name__

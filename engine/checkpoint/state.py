@@ -90,7 +90,27 @@ def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:
     if cfg.resume == "auto":
         return ckpt.latest_valid(run_dir / "checkpoints")
     path = Path(cfg.resume)
-    return path, ckpt.load(path)
+    if path.is_file() and path.suffix != ".pt":  # .safetensors, .bin, .pth: weights only
+        raise weights_only(path)
+    try:
+        state = ckpt.load(path)
+    except (C.ConfigError, OSError):
+        raise
+    except Exception as err:  # not a torch file, or one holding objects weights_only refuses
+        raise C.ConfigError(
+            f"resume={path} is not a readable checkpoint ({ckpt.reason(err)})"
+        ) from None
+    if not isinstance(state, dict) or not {"step", "scheduler"} <= state.keys():
+        raise weights_only(path)
+    return path, state
+
+
+def weights_only(path: Path) -> C.ConfigError:
+    """resume= continues a training run; a file of weights alone starts one instead."""
+    return C.ConfigError(
+        f"resume={path} holds weights only (an export or published weights), not a training "
+        f"checkpoint; start a run from them with model.init_from={path}"
+    )
 
 
 def check_resumable(
@@ -195,6 +215,7 @@ def meta(run: Run, rngs: list) -> dict:
         "bad_samples": st.bad_samples,
         "skipped_steps": st.skipped_steps,
         "config": redact(run.cfg.to_dict()),  # never a pasted credential
+        "init": run.init_record,  # the first weights' file, recorded again by a resumed run
     }
 
 

@@ -179,6 +179,11 @@ def check_augment(cfg: ImageAugment) -> None:
             "data.decode=gpu cannot apply data.augment.trivial_augment or random_erasing "
             "(they need per-sample work on the CPU): turn them off or set data.decode=cpu"
         )
+    if cfg.interpolation != "bilinear":
+        raise ConfigError(
+            f"data.decode=gpu resizes bilinearly, not data.augment.interpolation="
+            f"{cfg.interpolation}: set data.decode=cpu (or data.augment.follow_weights=false)"
+        )
 
 
 class DeviceDecodedFiles(ImageFiles):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torchvision.transforms import v2
@@ -31,8 +32,13 @@ class ImageAugment:
     hflip: bool = True
     trivial_augment: bool = False  # TrivialAugmentWide
     random_erasing: float = bounded(0.0, ge=0, le=1)  # probability per image
-    eval_resize: int = bounded(256, ge=1)
-    eval_size: int = bounded(224, ge=1)
+    eval_resize: int = bounded(256, ge=1)  # the shorter side before the centre crop
+    eval_size: int = bounded(224, ge=1)  # the centre crop
+    # Resizing, in training crops and for evaluation (torchvision's weights name theirs).
+    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
+    # With model.weights: eval_resize, eval_size and interpolation are the weights' own
+    # (their transforms()); false: this section's values.
+    follow_weights: bool = True
     ramp_from_size: int = bounded(0, ge=0)  # > 0: progressive resizing from this size to train_size
     ramp_start_epoch: int = bounded(0, ge=0)  # ... starting to grow at this epoch
     ramp_end_epoch: int = bounded(0, ge=0)  # ... reaching train_size here
@@ -81,7 +87,9 @@ class TrainTransform:
         if size == self.size:
             return
         cfg, self.size = self.cfg, size
-        self.crop = v2.RandomResizedCrop(size, scale=(cfg.scale_min, 1.0), antialias=True)
+        self.crop = v2.RandomResizedCrop(
+            size, scale=(cfg.scale_min, 1.0), interpolation=interpolation(cfg), antialias=True
+        )
         steps = [self.crop]
         if cfg.hflip:
             steps.append(v2.RandomHorizontalFlip())
@@ -99,4 +107,9 @@ class TrainTransform:
 
 def eval_transform(cfg: ImageAugment) -> v2.Compose:
     """uint8 CHW in, uint8 CHW out: resize the shorter side, then the centre crop."""
-    return v2.Compose([v2.Resize(cfg.eval_resize, antialias=True), v2.CenterCrop(cfg.eval_size)])
+    resize = v2.Resize(cfg.eval_resize, interpolation=interpolation(cfg), antialias=True)
+    return v2.Compose([resize, v2.CenterCrop(cfg.eval_size)])
+
+
+def interpolation(cfg: ImageAugment) -> v2.InterpolationMode:
+    return v2.InterpolationMode(cfg.interpolation)

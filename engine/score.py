@@ -1,0 +1,98 @@
+"""Evaluate only: `python -m engine.train RECIPE --eval PATH [--ema] [--out FILE]`
+(`make eval RECIPE=... CKPT=...`).
+
+Scores a checkpoint (file, sharded folder, run folder: its newest valid one), an export, or
+foreign weights (anything model.init_from reads, which must fit the model exactly) on the
+recipe's held-out split, with the training loop's own evaluation: each sample once over any
+number of processes, the same metrics. The result goes to a JSON file beside the weights
+(`<name>[.ema].eval.json`, or --out), never into a training run's records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import checkpoint as ckpt
+from engine import config as C
+from engine import distributed as D
+from engine.checkpoint.files import NAME, SHARDED_NAME
+from engine.evaluate import evaluate
+from engine.recipe import Recipe
+from engine.seeding import set_deterministic
+from engine.setup import setup
+from engine.tracking import log
+
+
+def target(path: Path) -> Path:
+    """The weights evaluated: the path, or a run folder's newest valid checkpoint."""
+    if not path.exists():
+        raise C.ConfigError(f"--eval {path}: no such file or folder")
+    if path.is_dir() and not (path / "meta.pt").exists() and not (path / ".metadata").exists():
+        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = ckpt.latest_valid(folder)
+        if found is None:
+            raise C.ConfigError(f"--eval {path}: a folder holding no checkpoint")
+        return found[0]
+    return path
+
+
+def result_path(weights: Path, ema: bool, out: str) -> Path:
+    if out:
+        return Path(out)
+    stem = weights.name if weights.is_dir() else weights.stem
+    return weights.parent / f"{stem}{'.ema' if ema else ''}.eval.json"
+
+
+def for_scoring(cfg: C.Config, weights: Path, ema: bool) -> None:
+    """The config with the weights as the model's only source, matched exactly: a resumed
+    state or a re-initialised head would score something else."""
+    cfg.resume = "none"
+    cfg.ema.decay = 0.0  # the EMA, if asked for, is what is loaded
+    model = cfg.model
+    model.init_from, model.weights, model.init_ema = str(weights), "", ema
+    model.init_strict, model.init_skip = True, []
+
+
+def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int:
+    """One process's part of an evaluation; rank 0 writes the result."""
+    started = time.perf_counter()
+    weights = target(path)
+    destination = result_path(weights, ema, out)
+    for_scoring(cfg, weights, ema)
+    denv = D.read_env()
+    D.limit_threads(denv)
+    set_deterministic(cfg.deterministic)
+    device = D.pick_device(cfg.device, denv)
+    D.init(denv, cfg.dist, device)
+    try:
+        run = setup(cfg, recipe, denv, device, records=False)
+        metrics = evaluate(run, run.eval_model)
+        if denv.is_main:
+            found = result(cfg, run.init_record, weights, ema, metrics, denv.world_size)
+            found["seconds"] = time.perf_counter() - started
+            ckpt.atomic_write_text(destination, json.dumps(found, indent=2) + "\n")
+            log(f"{cfg.recipe} {weights}: {run.task.describe(metrics)}; wrote {destination}")
+        return 0
+    finally:
+        D.shutdown()
+
+
+def result(
+    cfg: C.Config, init: dict, weights: Path, ema: bool, metrics: dict, world_size: int
+) -> dict[str, Any]:
+    name = NAME.search(weights.name) or SHARDED_NAME.search(weights.name)
+    return {
+        "recipe": cfg.recipe,
+        "variant": cfg.variant,
+        "weights": str(weights),
+        "sha256": init["sha256"],
+        "format": init["format"],
+        "ema": ema,
+        "step": int(name.group(1)) if name else None,
+        "world_size": world_size,
+        "eval": dataclasses.asdict(cfg.eval),
+        "metrics": metrics,
+    }
