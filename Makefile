@@ -10,14 +10,14 @@
 # recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
 SEEDS ?= 3
-export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS RUNS ALLOW_CPU
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train recipes config test test-fast submit sbatch docker-train image sif sweep report export bench lint dry-run venv lock clean
+.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep report export bench lint dry-run venv lock clean
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -29,6 +29,12 @@ venv: $(STAMP)
 
 train: $(STAMP)
 	@$(PY) -m launch train
+
+# Evaluate only: score a checkpoint, run directory, export or weights file on the recipe's
+# held-out split (PROCS/GPUS processes); the result is JSON beside it (<name>.eval.json).
+#   make eval RECIPE=digits CKPT=runs/digits/NAME [EMA=1] [OUT=result.json]
+eval: $(STAMP)
+	@$(PY) -m launch eval
 
 recipes: $(STAMP)
 	@$(PY) -m launch recipes

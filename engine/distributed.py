@@ -190,6 +190,16 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@torch.no_grad()
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (e.g. batch norm statistics) on every rank. DDP sends them at the
+    start of each forward, so after the last step every rank holds statistics updated by its
+    own batch: evaluating with rank 0's makes the result that of the checkpointed weights."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
 def max_over_ranks(value: int, device: torch.device) -> int:
     """The largest of the ranks' values, on every rank (a collective: call on all ranks)."""
     if not dist.is_initialized():

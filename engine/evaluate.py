@@ -56,6 +56,7 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     (data.skip_bad) is left out of the sums and counted as skipped."""
     was_training = model.training
     model.eval()
+    D.broadcast_buffers(model)  # what the checkpoint (rank 0's) holds
     loader = eval_loader(
         run.eval_data,
         run.cfg.eval.batch_size,

@@ -19,6 +19,7 @@ import difflib
 import fnmatch
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,18 @@ def published_file(name: str) -> Path:
             f'.get_state_dict()") and copy it to {path.parent}/ here'
         )
     return path
+
+
+def name_hash_warning(path: Path, digest: str) -> str:
+    """torchvision names its files <name>-<first hex digits of the sha256>.pth: a file whose
+    bytes disagree was altered or replaced (a warning: a site may retrain under the name)."""
+    named = re.search(r"-([0-9a-f]{6,64})\.pth?$", path.name)
+    if not named or not digest or digest.startswith(named.group(1)):
+        return ""
+    return (
+        f"warning: {path.name} names sha256 {named.group(1)}..., its bytes hash to "
+        f"{digest[:12]}...: not the published file"
+    )
 
 
 # ---------------------------------------------------------------- reading any format

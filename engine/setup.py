@@ -151,6 +151,9 @@ def start_from(model: nn.Module, cfg: C.Config, denv: D.DistEnv) -> dict:
         record["preprocessing"] = finetune.follow_weights(cfg)  # set at load_config already
     if denv.is_main:
         log(finetune.describe(record))
+        warning = finetune.name_hash_warning(Path(record["file"]), record["sha256"])
+        if cfg.model.weights and warning:
+            log(warning)
     return record
 
 

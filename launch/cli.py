@@ -17,11 +17,14 @@ Environment (all optional):
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
   RECIPES_DIR (where recipes are looked up; default <repo>/recipes)
   RUNS (report: the run directories, space-separated, when none are given as arguments)
+  CKPT (eval: the checkpoint, run directory, export or weights file to score), EMA (eval: 1
+  scores the averaged weights), OUT (eval: the result's file; default beside CKPT)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -39,6 +42,7 @@ from launch.request import ROOT, SLURM_FLAGS
 
 COMMANDS = (
     "train",
+    "eval",
     "dry-run",
     "submit",
     "sweep",
@@ -164,6 +168,7 @@ def render_target(req: Request, target: str) -> list[str] | str:
 
 def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     fixed = {"docker-train": "docker", "image": "image", "sif": "sif", "sbatch": "sbatch"}
+    fixed["eval"] = "local"  # scores here, on this machine's processes
     target = fixed.get(args.command)
     if target is None:
         label, target = request.pick_target(args, env)
@@ -171,6 +176,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
     req = request.resolve(args, env, target=target)
+    if args.command == "eval":
+        req = dataclasses.replace(req, engine_flags=eval_flags(env))
     try:
         out = render_target(req, target)
     except ValueError as e:
@@ -184,6 +191,21 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if target in TRAINING_TARGETS and not (target == "local" and render.is_one_process(req)):
         check.engine_check(req, data_here=target == "local")
     execute(out)
+
+
+def eval_flags(env: Mapping[str, str]) -> tuple[str, ...]:
+    """make eval's CKPT, EMA and OUT as the engine's --eval flags (read from the environment,
+    never pasted into a shell line)."""
+    weights = env.get("CKPT", "")
+    if not weights:
+        raise UserError(
+            "eval needs CKPT=<checkpoint, run directory, export or weights file>, e.g. "
+            "make eval RECIPE=digits CKPT=runs/digits/NAME"
+        )
+    flags = ["--eval", weights]
+    if request.is_set(env, "EMA"):
+        flags.append("--ema")
+    return (*flags, *(["--out", env["OUT"]] if env.get("OUT") else []))
 
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:

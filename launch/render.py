@@ -76,6 +76,7 @@ class Request:
     passthrough_env: tuple[str, ...] = ()
     infiniband: bool = False  # the host has /dev/infiniband: docker maps it into the container
     slurm: Slurm = field(default_factory=Slurm)
+    engine_flags: tuple[str, ...] = ()  # e.g. --eval PATH: what the engine does instead of training
 
     @property
     def procs_per_node(self) -> int:
@@ -108,7 +109,7 @@ def engine_args(req: Request) -> list[str]:
         added.append("device=cpu")
     if "run.name" not in keys:
         added.append(f"run.name={req.run_name}")
-    return [req.recipe, *added, *req.overrides]
+    return [req.recipe, *added, *req.engine_flags, *req.overrides]
 
 
 def is_one_process(req: Request) -> bool:

@@ -1,0 +1,216 @@
+"""engine.finetune in one process: every weights format it reads, how tensors are matched to
+the model (head re-initialised, skip patterns, strict), the fine-tuning knobs (freeze,
+per-pattern learning rates), the named torchvision weights and their preprocessing, and the
+one-line refusals. The runs that train from such files are in tests/recipes/test_finetune_runs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from safetensors.torch import save_file
+from torch import nn
+
+from engine import catalog, finetune
+from engine import checkpoint as ckpt
+from engine.config import ConfigError, OptimConfig
+from engine.optim import param_groups
+
+
+def small(classes: int = 10) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, classes))
+
+
+def random_state(classes: int, seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return small(classes).state_dict()
+
+
+# ---------------------------------------------------------------- formats
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict:
+    """The same weights in each format the readers know, plus an EMA that differs."""
+    weights, average = random_state(1000, 0), random_state(1000, 1)
+    wrapped = {f"module.{k}": v for k, v in weights.items()}
+    out = {"weights": weights, "average": average}
+    torch.save(weights, tmp_path / "resnet-0123abcd.pth")  # torchvision: a plain state dict
+    out["torchvision"] = tmp_path / "resnet-0123abcd.pth"
+    timm = {"epoch": 3, "arch": "x", "state_dict": wrapped, "optimizer": {}}
+    timm["state_dict_ema"] = {f"module.{k}": v for k, v in average.items()}
+    torch.save(timm, tmp_path / "checkpoint-3.pth.tar")  # timm's train.py
+    out["timm"] = tmp_path / "checkpoint-3.pth.tar"
+    torch.save({f"_orig_mod.{k}": v for k, v in weights.items()}, tmp_path / "pytorch_model.bin")
+    out["bin"] = tmp_path / "pytorch_model.bin"
+    save_file({k: v.contiguous() for k, v in weights.items()}, tmp_path / "model.safetensors")
+    out["safetensors"] = tmp_path / "model.safetensors"
+    state = {"model": wrapped, "ema": {"model": average, "n_averaged": torch.tensor(3)}, "step": 7}
+    ckpt.atomic_save(state | {"optimizer": {}, "scheduler": {}}, tmp_path / "step-00000007.pt")
+    out["checkpoint"] = tmp_path / "step-00000007.pt"
+    return out
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "timm", "bin", "safetensors", "checkpoint"])
+def test_every_format_reads_as_the_same_bare_weights(files, kind):
+    tensors, _ = finetune.read(files[kind], ema=False)
+    assert tensors.keys() == files["weights"].keys()  # no module. / _orig_mod. left
+    assert all(torch.equal(tensors[k], files["weights"][k]) for k in tensors)
+
+
+@pytest.mark.parametrize("kind", ["timm", "checkpoint"])
+def test_init_ema_takes_the_average_where_the_file_holds_one(files, kind):
+    tensors, _ = finetune.read(files[kind], ema=True)
+    assert all(torch.equal(tensors[k], files["average"][k]) for k in files["average"])
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "safetensors"])
+def test_init_ema_on_a_file_without_an_average_is_one_line(files, kind):
+    with pytest.raises(ConfigError, match="no EMA"):
+        finetune.read(files[kind], ema=True)
+
+
+def test_a_file_that_is_not_weights_is_one_line(tmp_path):
+    (tmp_path / "notes.pt").write_text("not torch")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(ConfigError, match="not a readable weights file"):
+        finetune.read(tmp_path / "notes.pt", ema=False)
+    with pytest.raises(ConfigError, match="holds a list, not a state dict"):
+        finetune.read(tmp_path / "list.pt", ema=False)
+
+
+def test_a_pickled_object_is_refused_without_running_it(tmp_path):
+    from tests.helpers import PicklePayload
+
+    marker = tmp_path / "ran"
+    torch.save({"w": PicklePayload(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(ConfigError, match="not a readable weights file"):
+        finetune.read(tmp_path / "evil.pt", ema=False)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- matching
+
+
+def test_a_head_for_another_class_count_is_exactly_what_is_reinitialised(files):
+    torch.manual_seed(5)
+    model = small(10)
+    built_head = model[3].weight.detach().clone()
+    found = finetune.match(model, files["weights"], skip=[], strict=False)
+    finetune.load(model, found)
+    assert found.reinitialised == ["3.weight", "3.bias"]
+    assert found.unused == []
+    assert torch.equal(model[3].weight, built_head)  # the seed's head, not the file's
+    assert torch.equal(model[0].weight, files["weights"]["0.weight"])
+
+
+def test_strict_refuses_the_head_and_unused_tensors(files):
+    with pytest.raises(ConfigError, match=r"3.weight \[1000, 4\] in the file, \[10, 4\] here"):
+        finetune.match(small(10), files["weights"], skip=[], strict=True)
+    extra = random_state(10, 0) | {"aux.weight": torch.zeros(2)}
+    with pytest.raises(ConfigError, match="aux.weight in the file, not in the model"):
+        finetune.match(small(10), extra, skip=[], strict=True)
+    found = finetune.match(small(10), extra, skip=[], strict=False)
+    assert found.unused == ["aux.weight"] and not found.reinitialised
+
+
+def test_any_other_difference_is_one_line_listing_the_first(files):
+    other = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 10))
+    with pytest.raises(ConfigError) as err:
+        finetune.match(other, files["weights"], skip=[], strict=False)
+    text = str(err.value)
+    assert "\n" not in text and "0.weight [4, 3, 3, 3] in the file, [8, 3, 3, 3] here" in text
+    assert "model.init_skip" in text
+
+
+def test_skip_patterns_keep_the_seed_and_a_pattern_matching_nothing_is_refused(files):
+    model = small(1000)
+    found = finetune.match(model, files["weights"], skip=["0.*"], strict=False)
+    assert found.reinitialised == ["0.weight", "0.bias"]
+    with pytest.raises(ConfigError, match="'conv9.*' matches no tensor"):
+        finetune.match(model, files["weights"], skip=["conv9.*"], strict=False)
+
+
+def test_a_missing_tensor_is_a_difference(files):
+    partial = {k: v for k, v in files["weights"].items() if k != "1.running_var"}
+    with pytest.raises(ConfigError, match="1.running_var missing from the file"):
+        finetune.match(small(1000), partial, skip=[], strict=False)
+
+
+def test_the_classifier_is_the_last_linear_layer():
+    model = torchvision.models.resnet18(num_classes=3)
+    assert finetune.classifier(model) == {"fc.weight", "fc.bias"}
+    vit = torchvision.models.vit_b_16(num_classes=3)
+    assert finetune.classifier(vit) == {"heads.head.weight", "heads.head.bias"}
+
+
+# ---------------------------------------------------------------- freeze and rates
+
+
+def test_freeze_and_lr_mult_shape_the_optimizer():
+    model = small(10)
+    finetune.freeze(model, ["0.*"])
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["0.weight", "0.bias"]
+    cfg = OptimConfig(lr=0.1, weight_decay=0.01, lr_mult=["3.*=1", "*=0.1"])
+    groups = param_groups(model, cfg, 0.1)
+    by_param = {id(p): g for g in groups for p in g["params"]}
+    lrs = {n: by_param[id(p)]["lr"] for n, p in model.named_parameters() if p.requires_grad}
+    assert lrs == {"1.weight": 0.1 * 0.1, "1.bias": 0.1 * 0.1, "3.weight": 0.1, "3.bias": 0.1}
+    decay = {
+        n: by_param[id(p)]["weight_decay"] for n, p in model.named_parameters() if p.requires_grad
+    }
+    assert decay == {"1.weight": 0.0, "1.bias": 0.0, "3.weight": 0.01, "3.bias": 0.0}
+
+
+@pytest.mark.parametrize("entry", ["3.*", "=0.5", "3.*=-1", "3.*=fast", "3.*=nan"])
+def test_a_malformed_lr_mult_entry_is_one_line(entry):
+    with pytest.raises(ConfigError, match="not PATTERN=FACTOR"):
+        finetune.lr_factors(small(), [entry])
+
+
+def test_freeze_pattern_matching_nothing_is_refused():
+    with pytest.raises(ConfigError, match="optim.freeze: 'layer1.*' matches no tensor"):
+        finetune.freeze(small(), ["layer1.*"])
+
+
+# ---------------------------------------------------------------- named weights
+
+
+def test_named_weights_come_from_the_local_cache_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        finetune.published_file("ResNet18_Weights.IMAGENET1K_V1")
+    text = str(err.value)
+    assert "\n" not in text
+    assert str(tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in text
+    assert "https://download.pytorch.org/models/resnet18-f37072fd.pth" in text
+    cached = tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    assert finetune.published_file("ResNet18_Weights.IMAGENET1K_V1") == cached
+
+
+def test_an_unknown_weights_name_suggests_the_closest():
+    with pytest.raises(ConfigError, match="did you mean ResNet18_Weights.IMAGENET1K_V1"):
+        finetune.published_file("ResNet18_Weights.IMAGENET_V1")
+
+
+def test_the_weights_preprocessing_is_used_unless_the_config_keeps_its_own():
+    args = ["model.weights=EfficientNet_B0_Weights.IMAGENET1K_V1", "model.arch=efficientnet_b0"]
+    cfg, _ = catalog.load_config("imagenet", args)
+    aug = cfg.data.augment
+    assert (aug.eval_resize, aug.eval_size, aug.interpolation) == (256, 224, "bicubic")
+    kept, _ = catalog.load_config("imagenet", [*args, "data.augment.follow_weights=false"])
+    aug = kept.data.augment
+    assert (aug.eval_resize, aug.eval_size, aug.interpolation) == (256, 224, "bilinear")
+    assert "follow_weights=false" in finetune.follow_weights(kept)
+    v2, _ = catalog.load_config("imagenet", ["model.weights=ResNet50_Weights.IMAGENET1K_V2"])
+    assert (v2.data.augment.eval_resize, v2.data.augment.eval_size) == (232, 224)
+
+
+def test_the_name_hash_of_a_torchvision_file_is_checked(tmp_path):
+    path = tmp_path / "resnet18-f37072fd.pth"
+    assert finetune.name_hash_warning(path, "f37072fd" + "0" * 56) == ""
+    assert "not the published file" in finetune.name_hash_warning(path, "ab" * 32)

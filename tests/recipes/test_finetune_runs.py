@@ -1,0 +1,221 @@
+"""Fine-tuning and evaluate-only, as real runs: weights in the formats people bring (a
+torchvision file as its weights API caches it, a timm training checkpoint with an EMA and DDP's
+`module.` names, a safetensors export) start the imagenet recipe on a small image folder on 2
+processes; a fine-tune stopped and resumed equals one that ran through; `make eval` of a run
+gives its final eval record; the mistakes are one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from engine.export import write as write_export
+from recipes.imagenet.example import write_example
+from tests import helpers
+
+pytestmark = [pytest.mark.slow, pytest.mark.dist]
+
+TINY = [
+    "model.arch=resnet18",
+    "train.batch_size=4",
+    "train.epochs=1",
+    "eval.batch_size=8",
+    "data.augment.train_size=32",
+    "data.augment.eval_resize=36",
+    "data.augment.eval_size=32",
+    "loader.num_workers=0",
+]
+CACHED = "resnet18-f37072fd.pth"  # ResNet18_Weights.IMAGENET1K_V1's file name
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory) -> dict:
+    """An image folder, and 1000-class ResNet-18 weights in three formats."""
+    root = tmp_path_factory.mktemp("finetune")
+    write_example(root / "images")
+    torch.manual_seed(1)
+    weights = torchvision.models.resnet18(num_classes=1000).state_dict()
+    torch.manual_seed(2)
+    average = torchvision.models.resnet18(num_classes=1000).state_dict()
+    cache = root / "torch" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(weights, cache / CACHED)
+    timm = {
+        "epoch": 9,
+        "arch": "resnet18",
+        "state_dict": {f"module.{k}": v for k, v in weights.items()},
+        "state_dict_ema": {f"module.{k}": v for k, v in average.items()},
+        "optimizer": {},
+    }
+    torch.save(timm, root / "checkpoint-9.pth.tar")
+    write_export(weights, root / "export.safetensors", {"recipe": "imagenet", "step": 9})
+    return {
+        "root": root,
+        "weights": weights,
+        "average": average,
+        "files": {
+            "torchvision": (cache / CACHED, []),
+            "timm-ema": (root / "checkpoint-9.pth.tar", ["model.init_ema=true"]),
+            "safetensors": (root / "export.safetensors", []),
+        },
+    }
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "timm-ema", "safetensors"])
+def test_fine_tune_from_each_format_on_two_processes(foreign, kind):
+    """A 10-class head on a 1000-class file: exactly the head is re-initialised; the backbone
+    at lr x 0 stays the file's (its EMA for timm's), the head trains; the file is recorded."""
+    path, extra = foreign["files"][kind]
+    root = foreign["root"] / "runs"
+    out = helpers.run_engine(
+        root,
+        kind,
+        *TINY,
+        f"data.root={foreign['root'] / 'images'}",
+        f"model.init_from={path}",
+        "model.num_classes=10",
+        'optim.lr_mult=["fc.*=1", "*=0"]',
+        *extra,
+        "--spawn",
+        "2",
+        recipe="imagenet",
+    )
+    assert "re-initialised 2 (fc.weight, fc.bias), left unused 0" in out.stderr
+    run = helpers.run_dir(root, kind, "imagenet")
+    for record in ("env.json", "summary.json"):
+        init = json.loads((run / record).read_text())["init"]
+        assert (init["name"], init["sha256"]) == (path.name, sha256(path))
+        assert init["reinitialised"] == ["fc.weight", "fc.bias"] and init["unused"] == []
+    trained = helpers.final_weights(root, kind, "imagenet")
+    source = foreign["average" if extra else "weights"]
+    params = dict(torchvision.models.resnet18().named_parameters())
+    backbone = [n for n in params if not n.startswith("fc.")]
+    assert all(torch.equal(trained[n], source[n]) for n in backbone)
+    assert trained["fc.weight"].shape == (10, 512)
+
+
+def test_named_weights_missing_from_the_cache_is_one_line(foreign, tmp_path):
+    env = helpers.engine_env(TORCH_HOME=str(tmp_path / "empty"))
+    out = helpers.run_engine(
+        tmp_path,
+        "missing",
+        *TINY,
+        f"data.root={foreign['root'] / 'images'}",
+        "model.weights=ResNet18_Weights.IMAGENET1K_V1",
+        recipe="imagenet",
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not in the local cache" in lines[0], out.stderr
+    assert "https://download.pytorch.org/models/resnet18-f37072fd.pth" in lines[0]
+    assert not (tmp_path / "imagenet" / "missing").exists()
+
+
+def test_named_weights_from_the_cache_with_their_preprocessing(foreign):
+    env = helpers.engine_env(TORCH_HOME=str(foreign["root"] / "torch"))
+    root = foreign["root"] / "runs"
+    out = helpers.run_engine(
+        root,
+        "named",
+        *TINY[:-3],  # the weights' resize and crop, not the test's
+        f"data.root={foreign['root'] / 'images'}",
+        "model.weights=ResNet18_Weights.IMAGENET1K_V1",
+        "train.max_steps=1",
+        recipe="imagenet",
+        env=env,
+    )
+    assert "not the published file" in out.stderr  # its bytes are not torchvision's
+    init = json.loads((helpers.run_dir(root, "named", "imagenet") / "env.json").read_text())["init"]
+    assert init["weights"] == "ResNet18_Weights.IMAGENET1K_V1"
+    assert init["preprocessing"].startswith("the weights' (ResNet18_Weights.IMAGENET1K_V1)")
+    saved = (helpers.run_dir(root, "named", "imagenet") / "config.yaml").read_text()
+    assert "eval_resize: 256" in saved and "eval_size: 224" in saved
+
+
+# ---------------------------------------------------------------- digits: resume and eval
+
+FINETUNE = [
+    "train.epochs=3",
+    "optim.freeze=[0.*]",
+    'optim.lr_mult=["16.*=1", "*=0.5"]',
+    "ema.decay=0.9",
+]
+
+
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory) -> Path:
+    """A base run, its export, and fine-tunes from it: through, and stopped then resumed."""
+    root = tmp_path_factory.mktemp("digits-finetune")
+    helpers.run_engine(root, "base", "train.epochs=1")
+    base = helpers.run_dir(root, "base")
+    for name, stop in (("through", []), ("resumed", ["train.stop_at_step=30"])):
+        spawn = ["--spawn", "2"]
+        helpers.run_engine(root, name, f"model.init_from={base}", *FINETUNE, *stop, *spawn)
+    out = helpers.run_engine(root, "resumed", f"model.init_from={base}", *FINETUNE, *spawn)
+    assert "resuming from" in out.stderr
+    return root
+
+
+def test_a_resumed_fine_tune_equals_one_that_ran_through(digits_runs):
+    through = helpers.final_checkpoint(digits_runs, "through")
+    resumed = helpers.final_checkpoint(digits_runs, "resumed")
+    assert helpers.same_weights(through["model"], resumed["model"])
+    assert helpers.same_weights(through["ema"]["model"], resumed["ema"]["model"])
+    base = helpers.final_weights(digits_runs, "base")
+    assert torch.equal(through["model"]["0.weight"], base["0.weight"])  # frozen
+    assert not torch.equal(through["model"]["16.weight"], base["16.weight"])  # trained
+    inits = [
+        json.loads((helpers.run_dir(digits_runs, n) / "summary.json").read_text())["init"]
+        for n in ("through", "resumed")
+    ]
+    assert inits[0] == inits[1] and inits[0]["loaded"] == len(base)
+
+
+def test_make_eval_of_a_run_equals_its_final_record(digits_runs, tmp_path):
+    run = helpers.run_dir(digits_runs, "through")
+    out = helpers.launch(
+        "eval",
+        RECIPE="digits",
+        GPUS="0",
+        PROCS="2",
+        CKPT=str(run),
+        ARGS="log.wandb=off",
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    final = helpers.records(digits_runs, "through", "eval")[-1]
+    written = json.loads(next((run / "checkpoints").glob("*.eval.json")).read_text())
+    assert written["step"] == final["step"] and written["world_size"] == 2
+    assert written["metrics"] == {k: final[k] for k in written["metrics"]}
+    ema = helpers.launch(
+        "eval", RECIPE="digits", GPUS="0", CKPT=str(run), EMA="1", OUT=str(tmp_path / "e.json")
+    )
+    assert ema.returncode == 0, ema.stderr
+    scored = json.loads((tmp_path / "e.json").read_text())["metrics"]
+    assert scored == {k.removeprefix("ema_"): final[k] for k in final if k.startswith("ema_")} | {
+        "count": final["count"]
+    }
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1] == final  # the run's own records are untouched
+
+
+def test_resume_from_a_weights_only_file_points_to_init_from(digits_runs, tmp_path):
+    exported = tmp_path / "w.pt"
+    write_export(helpers.final_weights(digits_runs, "base"), exported, {"step": 1})
+    out = helpers.run_engine(tmp_path, "r", f"resume={exported}", check=False)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"error: resume={exported} holds weights only (an export or published weights), not a "
+        f"training checkpoint; start a run from them with model.init_from={exported}"
+    )
