@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.config import Config, ConfigError, merge, read_yaml, resolve, with_weights_init
+from engine.config import Config, ConfigError, merge, read_yaml, resolve
 
 if TYPE_CHECKING:
     from engine.recipe import Recipe
@@ -118,12 +118,8 @@ def load_config(name: str, overrides: list[str], config: str = "") -> tuple[Conf
     recipe_yaml = read_yaml(config_path(name))
     variant, layer = config_layer(name, config)
     recipe = load(name)
-    sections = {"model": with_weights_init(recipe.model_config), "data": recipe.data_config}
+    sections = {"model": recipe.model_config, "data": recipe.data_config}
     cfg = resolve(name, recipe_yaml, overrides, sections, variant, layer)
-    if getattr(cfg.model, "weights", ""):
-        from engine.finetune import follow_weights  # imports torchvision's weights tables
-
-        follow_weights(cfg)
     if getattr(cfg.data, "root", None) == "":
         cfg.data.root = default_data_root(name, os.environ.get("RECIPES_DATA"))
     return cfg, recipe

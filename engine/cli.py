@@ -29,6 +29,7 @@ from engine import distributed as D
 from engine.data.sampler import plan_batches
 from engine.faults import RunError
 from engine.recipe import Recipe
+from engine.score import score
 from engine.setup import amp_dtype
 from engine.spawn import spawn_local
 from engine.tracking import redact, wandb_env_overrides, wandb_mode
@@ -187,6 +188,10 @@ def load(request: Request) -> tuple[C.Config, Recipe]:
     saved_name = saved_run_name(request)
     leading = [*(["run.name="] if saved_name else []), *wandb_env_overrides(os.environ)]
     loaded = catalog.load_config(request.recipe, [*leading, *request.overrides], request.config)
+    if loaded[0].model.weights:  # the named weights' preprocessing, before anything reads it
+        from engine.finetune import follow_weights  # start-up time: torchvision's tables
+
+        follow_weights(loaded[0])
     if saved_name and is_rank_zero():
         print(
             f"note: {request.config} is the config of run {saved_name!r}; this starts a new "
@@ -230,8 +235,6 @@ def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
         name = cfg.run.name or rundir.new_run_name(cfg.recipe, cfg.variant)
         return spawn_local(spawn, main, head, request.overrides, name)
     if request.evaluate:
-        from engine.score import score
-
         return score(cfg, recipe, Path(request.evaluate), request.ema, request.out)
     preempt.install_handlers()
     return train(cfg, recipe)

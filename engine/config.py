@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import datetime
 import difflib
+import functools
 import inspect
 import io
 import math
@@ -323,6 +324,7 @@ class WeightsInit:
     init_skip: list[str] = field(default_factory=list)
 
 
+@functools.cache  # one class per recipe: resolving twice gives configs of the same type
 def with_weights_init(model_config: type) -> type:
     """The recipe's model section with WeightsInit's keys after its own (a subclass: the
     recipe's builder receives what it declared, plus keys it need not read)."""
@@ -508,6 +510,8 @@ def _parse_value(raw: str, annotation: Any) -> Any:
         return None if raw in YAML_NULLS and type(None) in _union_args(annotation) else raw
     if not raw:
         return ""
+    if annotation == list[str]:
+        return _text_list(raw)
     if int in _union_args(annotation) and DECIMAL.fullmatch(raw):
         try:
             return int(raw, 10)  # YAML 1.1 reads 010 as octal 8
@@ -523,6 +527,21 @@ def _parse_value(raw: str, annotation: Any) -> Any:
         except ValueError:
             pass
     return value
+
+
+def _text_list(raw: str) -> Any:
+    """A list of text as written: `[fc.*=1, *=0.1]` is two patterns, although YAML reads a
+    leading `*` as an alias (and a shell has already taken the quotes that would hide it)."""
+    try:
+        value = yaml.safe_load(raw)
+    except YAML_FAILURES:
+        value = None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    if raw.startswith("[") and raw.endswith("]"):
+        items = (item.strip().strip("'\"") for item in raw[1:-1].split(","))
+        return [item for item in items if item]
+    return value if value is not None else raw
 
 
 def _union_args(annotation: Any) -> tuple:
@@ -593,6 +612,8 @@ def resolve(
     variant_yaml: dict[str, Any] | None = None,
 ) -> Config:
     """Layer defaults < recipe_yaml < variant_yaml < overrides; validate every key and type."""
+    if "model" in recipe_sections:  # every model section takes the fine-tuning keys
+        recipe_sections = recipe_sections | {"model": with_weights_init(recipe_sections["model"])}
     section_types = ENGINE_SECTIONS | recipe_sections
     tree = parse_overrides(overrides, TOP_TYPES | section_types)
     merged = merge(merge(recipe_yaml, variant_yaml or {}), tree)

@@ -16,7 +16,6 @@ env.json and summary.json, and in every checkpoint, so a resumed run still names
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import hashlib
 import os
 import re
@@ -28,7 +27,9 @@ import torch
 from torch import nn
 
 from engine import checkpoint as ckpt
+from engine.checkpoint import weights as checkpoint_weights
 from engine.config import ConfigError
+from engine.optim import check_patterns, matches
 
 SHOWN = 5  # names listed per kind in the run's message
 TIMM_KEYS = ("state_dict", "model")  # a timm training checkpoint's weights, in this order
@@ -56,7 +57,7 @@ def source_of(model_cfg: Any) -> Path:
 
 def torchvision_weights(name: str):
     """The torchvision weights entry called `name` (e.g. ResNet50_Weights.IMAGENET1K_V2)."""
-    import torchvision
+    import torchvision  # start-up time: only for named weights
 
     try:
         return torchvision.models.get_weight(name)
@@ -108,12 +109,12 @@ def name_hash_warning(path: Path, digest: str) -> str:
 def read(path: Path, ema: bool) -> tuple[dict[str, torch.Tensor], str]:
     """({name: tensor} without wrapper prefixes, what kind of file it was)."""
     if path.is_dir():
-        return _project_weights(path, ema), "checkpoint"
+        return checkpoint_weights.read(checkpoint_weights.newest(path), ema), "checkpoint"
     if path.suffix == ".safetensors":
         return _no_ema(_safetensors(path), ema, path), "safetensors"
     state = _torch_file(path)
     if isinstance(state.get("model"), dict) and "step" in state:  # this project's
-        return _tensors(_checkpoint_weights(state, ema, path), path), "checkpoint"
+        return _tensors(checkpoint_weights.of_state(state, ema, path), path), "checkpoint"
     for keys, kind in ((TIMM_EMA_KEYS, "EMA"), (TIMM_KEYS, "weights")):
         found = [state[k] for k in keys if isinstance(state.get(k), dict)]
         if found and (ema or kind == "weights"):
@@ -123,25 +124,6 @@ def read(path: Path, ema: bool) -> tuple[dict[str, torch.Tensor], str]:
             f"{path} holds no EMA weights ({', '.join(TIMM_EMA_KEYS)}); unset model.init_ema"
         )
     return _no_ema(_tensors(state, path), ema, path), "state dict"
-
-
-def _project_weights(path: Path, ema: bool) -> dict[str, torch.Tensor]:
-    from engine import export  # its readers of this project's checkpoints
-
-    try:
-        tensors, _ = export.read_weights(export.resolve(path), ema)
-    except export.ExportError as err:
-        raise ConfigError(f"model.init_from: {err}") from None
-    return tensors
-
-
-def _checkpoint_weights(state: dict[str, Any], ema: bool, path: Path) -> dict[str, Any]:
-    if not ema:
-        return state["model"]
-    average = state.get("ema")
-    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
-        raise ConfigError(f"{path} holds no EMA of the weights; unset model.init_ema")
-    return average["model"]
 
 
 def _torch_file(path: Path) -> dict[str, Any]:
@@ -165,7 +147,7 @@ def _plain_load(path: Path) -> Any:
 
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # optional: only for .safetensors
     except ImportError:
         raise ConfigError(f"{path}: reading .safetensors needs the safetensors package") from None
     try:
@@ -240,7 +222,7 @@ def match(
     out, problems = Match(), []
     for name, mine in expected.items():
         theirs = tensors.get(name)
-        if any(fnmatch.fnmatchcase(name, p) for p in skip):
+        if matches(name, skip):
             out.reinitialised.append(name)
         elif theirs is None:
             problems.append(f"{name} missing from the file")
@@ -267,17 +249,6 @@ def unwrapped_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return ckpt.strip_prefixes(ckpt.unwrap(model).state_dict())
 
 
-def check_patterns(key: str, patterns: list[str], names: Any) -> None:
-    """Every pattern matches a name: a typo must not silently change nothing."""
-    for pattern in patterns:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            top = sorted({name.split(".")[0] for name in names})
-            raise ConfigError(
-                f"{key}: {pattern!r} matches no tensor of the model; its names start with "
-                f"{', '.join(top[:12])}{', ...' if len(top) > 12 else ''}"
-            )
-
-
 # ---------------------------------------------------------------- loading and telling
 
 
@@ -287,7 +258,7 @@ def load(model: nn.Module, found: Match) -> None:
     or into each process's shards (FSDP: every process read the whole file)."""
     bare = ckpt.unwrap(model)
     if any(_is_dtensor(t) for t in bare.state_dict().values()):
-        from torch.distributed.checkpoint.state_dict import (
+        from torch.distributed.checkpoint.state_dict import (  # start-up time: DCP
             StateDictOptions,
             set_model_state_dict,
         )
@@ -354,32 +325,8 @@ def freeze(model: nn.Module, patterns: list[str]) -> None:
     named = dict(ckpt.unwrap(model).named_parameters())
     check_patterns("optim.freeze", patterns, named)
     for name, param in named.items():
-        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+        if matches(name, patterns):
             param.requires_grad_(False)
-
-
-def lr_factors(model: nn.Module, entries: list[str]) -> dict[str, float]:
-    """optim.lr_mult's "PATTERN=FACTOR" entries as {parameter name: factor} (1 unmatched)."""
-    rules = [parse_lr_mult(entry) for entry in entries]
-    named = dict(ckpt.unwrap(model).named_parameters())
-    check_patterns("optim.lr_mult", [p for p, _ in rules], named)
-    return {
-        name: next((f for p, f in rules if fnmatch.fnmatchcase(name, p)), 1.0) for name in named
-    }
-
-
-def parse_lr_mult(entry: str) -> tuple[str, float]:
-    pattern, sep, factor = entry.rpartition("=")
-    try:
-        value = float(factor)
-    except ValueError:
-        value = -1.0
-    if not sep or not pattern or not value >= 0:  # `not >=`: NaN is refused too
-        raise ConfigError(
-            f"optim.lr_mult entry {entry!r} is not PATTERN=FACTOR with FACTOR >= 0 "
-            '(e.g. optim.lr_mult=["fc.*=1", "*=0.1"])'
-        )
-    return pattern, value
 
 
 # ---------------------------------------------------------------- the weights' preprocessing
@@ -399,7 +346,7 @@ def follow_weights(cfg: Any) -> str:
     if not augment.follow_weights:
         return "the config's (data.augment.follow_weights=false)"
     ours = torchvision_weights(name).transforms()
-    from engine.data.images import IMAGENET_MEAN, IMAGENET_STD
+    from engine.data.images import IMAGENET_MEAN, IMAGENET_STD  # start-up time: transforms
 
     if not _same(ours.mean, IMAGENET_MEAN) or not _same(ours.std, IMAGENET_STD):
         raise ConfigError(

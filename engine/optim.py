@@ -4,7 +4,9 @@ trains the same on 1 or 64 processes (the global batch is fixed in the config)."
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -23,8 +25,6 @@ def param_groups(model: nn.Module, cfg: OptimConfig, lr: float) -> list[dict]:
     A model may mark a parameter with an `lr_scale` attribute (airbench's fast BN biases):
     it gets lr * lr_scale and weight_decay / lr_scale, so the decay per step is unchanged.
     optim.lr_mult's factor multiplies the rate alone (timm's layer-wise rates do the same)."""
-    from engine.finetune import lr_factors  # fnmatch rules shared with optim.freeze
-
     factors = lr_factors(model, cfg.lr_mult)
     groups: dict[tuple[bool, float, float], list] = {}
     for name, p in model.named_parameters():
@@ -42,6 +42,44 @@ def param_groups(model: nn.Module, cfg: OptimConfig, lr: float) -> list[dict]:
             groups.items(), key=lambda kv: (not kv[0][0], kv[0][1], -kv[0][2])
         )
     ]
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def check_patterns(key: str, patterns: list[str], names: Iterable[str]) -> None:
+    """Every name pattern (fnmatch) matches a name: a typo must not silently change nothing."""
+    names = list(names)
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            top = sorted({name.split(".")[0] for name in names})
+            raise ConfigError(
+                f"{key}: {pattern!r} matches no tensor of the model; its names start with "
+                f"{', '.join(top[:12])}{', ...' if len(top) > 12 else ''}"
+            )
+
+
+def lr_factors(model: nn.Module, entries: list[str]) -> dict[str, float]:
+    """optim.lr_mult's "PATTERN=FACTOR" entries as {parameter name: factor} (1 unmatched)."""
+    rules = [parse_lr_mult(entry) for entry in entries]
+    names = [name for name, _ in model.named_parameters()]
+    check_patterns("optim.lr_mult", [p for p, _ in rules], names)
+    return {n: next((f for p, f in rules if fnmatch.fnmatchcase(n, p)), 1.0) for n in names}
+
+
+def parse_lr_mult(entry: str) -> tuple[str, float]:
+    pattern, sep, factor = entry.rpartition("=")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = -1.0
+    if not sep or not pattern or not value >= 0:  # `not >=`: NaN is refused too
+        raise ConfigError(
+            f"optim.lr_mult entry {entry!r} is not PATTERN=FACTOR with FACTOR >= 0 "
+            "(e.g. optim.lr_mult=[fc.*=1,*=0.1])"
+        )
+    return pattern, value
 
 
 def implementation(

@@ -174,3 +174,18 @@ def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
     (root / "recipes" / "digits").mkdir(parents=True)
     (root / "recipes" / "digits" / "config.yaml").write_text(recipe_config)
     return root
+
+
+def cache_stand_in_weights(name: str, arch: str, torch_home: Path, seed: int = 0) -> Path:
+    """A stand-in for torchvision's published weights `name` (no test touches the network):
+    a seeded `arch` with the weights' class count, saved as torchvision's weights API caches
+    it, $TORCH_HOME/hub/checkpoints/<the URL's file name>."""
+    import torchvision
+
+    entry = torchvision.models.get_weight(name)
+    path = torch_home / "hub" / "checkpoints" / Path(entry.url).name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    classes = len(entry.meta["categories"])
+    torch.save(torchvision.models.get_model(arch, num_classes=classes).state_dict(), path)
+    return path

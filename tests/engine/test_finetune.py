@@ -16,7 +16,7 @@ from torch import nn
 from engine import catalog, finetune
 from engine import checkpoint as ckpt
 from engine.config import ConfigError, OptimConfig
-from engine.optim import param_groups
+from engine.optim import lr_factors, param_groups
 
 
 def small(classes: int = 10) -> nn.Module:
@@ -167,7 +167,7 @@ def test_freeze_and_lr_mult_shape_the_optimizer():
 @pytest.mark.parametrize("entry", ["3.*", "=0.5", "3.*=-1", "3.*=fast", "3.*=nan"])
 def test_a_malformed_lr_mult_entry_is_one_line(entry):
     with pytest.raises(ConfigError, match="not PATTERN=FACTOR"):
-        finetune.lr_factors(small(), [entry])
+        lr_factors(small(), [entry])
 
 
 def test_freeze_pattern_matching_nothing_is_refused():
@@ -198,16 +198,23 @@ def test_an_unknown_weights_name_suggests_the_closest():
 
 
 def test_the_weights_preprocessing_is_used_unless_the_config_keeps_its_own():
-    args = ["model.weights=EfficientNet_B0_Weights.IMAGENET1K_V1", "model.arch=efficientnet_b0"]
-    cfg, _ = catalog.load_config("imagenet", args)
+    def resolved(*args: str):
+        cfg, _ = catalog.load_config("imagenet", list(args))
+        return cfg, finetune.follow_weights(cfg)
+
+    named = ["model.weights=EfficientNet_B0_Weights.IMAGENET1K_V1", "model.arch=efficientnet_b0"]
+    cfg, said = resolved(*named)
     aug = cfg.data.augment
     assert (aug.eval_resize, aug.eval_size, aug.interpolation) == (256, 224, "bicubic")
-    kept, _ = catalog.load_config("imagenet", [*args, "data.augment.follow_weights=false"])
+    assert said.startswith("the weights' (EfficientNet_B0_Weights.IMAGENET1K_V1)")
+    kept, said = resolved(*named, "data.augment.follow_weights=false")
     aug = kept.data.augment
     assert (aug.eval_resize, aug.eval_size, aug.interpolation) == (256, 224, "bilinear")
-    assert "follow_weights=false" in finetune.follow_weights(kept)
-    v2, _ = catalog.load_config("imagenet", ["model.weights=ResNet50_Weights.IMAGENET1K_V2"])
+    assert "follow_weights=false" in said
+    v2, _ = resolved("model.weights=ResNet50_Weights.IMAGENET1K_V2")
     assert (v2.data.augment.eval_resize, v2.data.augment.eval_size) == (232, 224)
+    cifar, said = catalog.load_config("cifar10", ["model.weights=ResNet18_Weights.IMAGENET1K_V1"])
+    assert finetune.follow_weights(cifar).startswith("the recipe's")
 
 
 def test_the_name_hash_of_a_torchvision_file_is_checked(tmp_path):

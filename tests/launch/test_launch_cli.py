@@ -212,7 +212,7 @@ BAD = {
     "bad target": ({}, ["--target", "k8s"], "--target='k8s' is not one of"),
     "bad target env": ({"TARGET": "x86_64"}, [], "TARGET='x86_64' is not one of local"),
     "bad command": ({}, [], "invalid choice"),
-    "no command": ({}, [], "no command given; one of: train, dry-run, submit"),
+    "no command": ({}, [], "no command given; one of: train, eval, dry-run, submit"),
     "bad slurm int": ({"TIME_MIN": "soon"}, [], "TIME_MIN='soon'"),
     "line break": ({"PARTITION": "a\nb"}, [], "PARTITION cannot contain a line break"),
     "seeds": ({"SEEDS": "0"}, [], "SEEDS='0' is not a whole number >= 1"),

@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from engine.catalog import RECIPES_DIR
-from tests.helpers import records, run_dir, run_engine
+from engine.catalog import RECIPES_DIR, load_config
+from tests.helpers import cache_stand_in_weights, engine_env, records, run_dir, run_engine
 from tests.recipes.tiny_settings import tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,11 @@ def test_config_builds_and_takes_two_steps_and_evaluates(recipe, variant, tmp_pa
         "train.max_steps=2",
         "log.every_steps=1",
     ]
-    run_engine(tmp_path, "smoke", *overrides, recipe=recipe, variant=variant, timeout=600)
+    env = engine_env(TORCH_HOME=str(tmp_path / "torch"))
+    cfg, _ = load_config(recipe, overrides, variant)
+    if cfg.model.weights:  # a fine-tune variant: a stand-in file for its named weights
+        cache_stand_in_weights(cfg.model.weights, cfg.model.arch, tmp_path / "torch")
+    run_engine(tmp_path, "smoke", *overrides, recipe=recipe, variant=variant, timeout=600, env=env)
     steps = [r["step"] for r in records(tmp_path, "smoke", "train", recipe)]
     (evaluation,) = records(tmp_path, "smoke", "eval", recipe)
     assert steps == [1, 2] and evaluation["step"] == 2 and evaluation["count"] > 0

@@ -30,7 +30,6 @@ TINY = [
     "data.augment.eval_size=32",
     "loader.num_workers=0",
 ]
-CACHED = "resnet18-f37072fd.pth"  # ResNet18_Weights.IMAGENET1K_V1's file name
 
 
 def sha256(path: Path) -> str:
@@ -46,9 +45,9 @@ def foreign(tmp_path_factory) -> dict:
     weights = torchvision.models.resnet18(num_classes=1000).state_dict()
     torch.manual_seed(2)
     average = torchvision.models.resnet18(num_classes=1000).state_dict()
-    cache = root / "torch" / "hub" / "checkpoints"
-    cache.mkdir(parents=True)
-    torch.save(weights, cache / CACHED)
+    cached = helpers.cache_stand_in_weights(
+        "ResNet18_Weights.IMAGENET1K_V1", "resnet18", root / "torch", seed=1
+    )
     timm = {
         "epoch": 9,
         "arch": "resnet18",
@@ -63,7 +62,7 @@ def foreign(tmp_path_factory) -> dict:
         "weights": weights,
         "average": average,
         "files": {
-            "torchvision": (cache / CACHED, []),
+            "torchvision": (cached, []),
             "timm-ema": (root / "checkpoint-9.pth.tar", ["model.init_ema=true"]),
             "safetensors": (root / "export.safetensors", []),
         },

@@ -56,7 +56,7 @@ def test_containers_carry_the_variant(target):
 def test_unknown_variant_is_one_line_naming_the_available_ones():
     done = launch("train", RECIPE="imagenet", CONFIG="v3", GPUS="0", DRY_RUN="1")
     assert done.returncode == 2
-    assert "has no variant 'v3'; available: budget, v2" in one_line(done.stderr)
+    assert "has no variant 'v3'; available: budget, finetune, v2" in one_line(done.stderr)
     engine = subprocess.run(
         [sys.executable, "-m", "engine.train", "cifar10", "--config", "v3"],
         cwd=REPO,
@@ -67,7 +67,7 @@ def test_unknown_variant_is_one_line_naming_the_available_ones():
     )
     assert engine.returncode == 2
     assert one_line(engine.stderr) == (
-        "error: recipe 'cifar10' has no variant 'v3'; available: fast"
+        "error: recipe 'cifar10' has no variant 'v3'; available: fast, finetune"
     )
 
 
@@ -77,7 +77,7 @@ def test_make_recipes_lists_each_recipe_with_its_variants_and_descriptions():
     lines = done.stdout.splitlines()
     assert any(line.split()[:2] == ["imagenet", "ResNet-50,"] for line in lines)
     variants = {line.split()[0] for line in lines if line.startswith(" ") and line.strip()}
-    assert variants == {"fast", "v2", "budget", "124m", "1b"}
+    assert variants == {"fast", "v2", "budget", "124m", "1b", "finetune"}
     assert all(len(line.split()) > 2 for line in lines if line.startswith(" ") and line.strip())
 
 
