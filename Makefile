@@ -102,10 +102,10 @@ lint: $(STAMP)
 image-digest:
 	@bash docker/resolve-base-digest.sh Dockerfile
 
-# Resolve pyproject's dependencies afresh and write exact versions to the lock.
+# Resolve pyproject's dependencies and extras afresh and write exact versions to the lock.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 ".[dev]"
+	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 ".[dev,timm]"
 	{ head -n 2 requirements.lock; .lock-venv/bin/pip freeze --exclude recipes; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
