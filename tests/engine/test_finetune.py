@@ -221,3 +221,10 @@ def test_the_name_hash_of_a_torchvision_file_is_checked(tmp_path):
     path = tmp_path / "resnet18-f37072fd.pth"
     assert finetune.name_hash_warning(path, "f37072fd" + "0" * 56) == ""
     assert "not the published file" in finetune.name_hash_warning(path, "ab" * 32)
+
+
+def test_a_head_of_another_input_width_is_a_difference_not_a_new_head(files):
+    wider = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 10))
+    state = dict(files["weights"]) | {"3.weight": torch.zeros(1000, 8)}
+    with pytest.raises(ConfigError, match=r"3.weight \[1000, 8\] in the file, \[10, 4\] here"):
+        finetune.match(wider, state, skip=[], strict=False)

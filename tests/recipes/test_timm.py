@@ -152,3 +152,36 @@ def test_other_runs_never_import_timm():
         check=True,
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["model.safetensors", "pytorch_model.bin"])
+def test_init_from_reads_timms_files_into_a_timm_model(tmp_path, layout):
+    """timm's weights as its hub repositories ship them (a 1000-class test_convnext), into a
+    3-class timm model: the backbone is the file's, exactly the head is re-initialised."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    published = timm.create_model("test_convnext", pretrained=False, num_classes=1000).state_dict()
+    path = tmp_path / layout
+    if layout.endswith(".safetensors"):
+        save_file({k: v.contiguous() for k, v in published.items()}, path)
+    else:
+        torch.save(published, path)
+    write_image_folder(tmp_path / "data", classes=3, train_per_class=4, val_per_class=2)
+    out = imagenet(
+        tmp_path,
+        "ft",
+        "model.arch=timm/test_convnext",
+        f"data.root={tmp_path / 'data'}",
+        f"model.init_from={path}",
+        "optim.lr_mult=[head.fc.*=1,*=0]",
+        "train.max_steps=2",
+        *sizes(32),
+    )
+    assert "re-initialised 2 (head.fc.weight, head.fc.bias), left unused 0" in out.stderr
+    trained = final_checkpoint(tmp_path, "ft", "imagenet")["model"]
+    params = timm.create_model("test_convnext", num_classes=3).named_parameters()
+    body = [name for name, _ in params if not name.startswith("head.fc.")]
+    assert body and all(torch.equal(trained[n], published[n]) for n in body)
