@@ -64,10 +64,13 @@ report: $(STAMP)
 
 # A checkpoint's weights as a plain state dict for a single-process model:
 # make export CKPT=<step-N.pt, sharded step-N/ or run dir> OUT=<file.pt|file.safetensors>
-# (EMA=1: the average of the weights; FORCE=1: replace OUT). CKPT and OUT are read from the
-# environment, never pasted into the shell line.
+# (EMA=1: the average of the weights; BEST=1: a run dir's best checkpoint, not its newest;
+# AVERAGE=1: the mean of a run dir's best checkpoints, or of several CKPT="a.pt b.pt";
+# FORCE=1: replace OUT). CKPT and OUT are read from the environment, never pasted into the
+# shell line (with AVERAGE=1, CKPT is split at spaces, with no other expansion).
 export: $(STAMP)
-	@$(PY) -m engine.export "$$CKPT" "$$OUT" $(if $(EMA),--ema) $(if $(FORCE),--force)
+	@set -f; $(PY) -m engine.export $(if $(EMA),--ema) $(if $(BEST),--best) \
+		$(if $(AVERAGE),--average) $(if $(FORCE),--force) -- $(if $(AVERAGE),$$CKPT,"$$CKPT") "$$OUT"
 
 docker-train: $(STAMP)
 	@$(PY) -m launch docker-train

@@ -210,6 +210,7 @@ class EmaConfig:
 class CheckpointConfig:
     every_steps: int = bounded(0, ge=0)  # 0: only at the end of each epoch
     keep: int = bounded(3, ge=1)  # the newest this many checkpoints are kept
+    best: int = bounded(1, ge=0)  # also this many best by the headline metric, in best/; 0: off
 
 
 @dataclass

@@ -33,6 +33,7 @@ class State:
     last_eval: dict = field(default_factory=dict)
     bad_samples: int = 0  # unreadable files replaced so far, summed over ranks (data.skip_bad)
     skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (nan_policy=skip)
+    best: list = field(default_factory=list)  # best checkpoints, best first (checkpoint.best)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from engine import config as C
 from engine import distributed as D
 from engine import parallel as P
 from engine import preempt, rundir
+from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
 from engine.ema import update_ema
 from engine.evaluate import metric_names, run_eval
@@ -339,6 +340,7 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
     if run.skip_bad:
         summary["bad_samples"] = st.bad_samples
         log(f"skipped {st.bad_samples} unreadable training samples (data.skip_bad)")
+    summary["best_checkpoints"] = best.summary(run)  # best first, paths in the run directory
     ckpt.atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log(
         f"{run.cfg.recipe}: {task.describe(ev)} in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}"

@@ -25,8 +25,8 @@ from launch.errors import UserError, printable
 from launch.runs import Run
 
 # shown as "time" and "world size"; the headline's name orders the columns instead, and its
-# direction is not a metric
-OWN_COLUMNS = ("seconds", "world_size", "headline", "higher_is_better")
+# direction is not a metric, nor are the files of the best checkpoints
+OWN_COLUMNS = ("seconds", "world_size", "headline", "higher_is_better", "best_checkpoints")
 MAX_STEM = 120
 
 

@@ -5,7 +5,8 @@ and scaler states, the position in training (epoch, step, samples into the epoch
 rank's RNG states, written by rank 0 alone; or a directory `step-<n>/` (engine.checkpoint.
 sharded) where every rank writes its shards of the model and optimizer states with
 torch.distributed.checkpoint, and rank 0 the rest as `meta.pt`. Both kinds are listed,
-pruned and checked for completeness here; engine.export turns either into a plain file."""
+pruned and checked for completeness here; engine.export turns either into a plain file.
+The best ones by the headline metric are also kept in the run's best/ (engine.checkpoint.best)."""
 
 from __future__ import annotations
 

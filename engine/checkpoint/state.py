@@ -13,6 +13,7 @@ from typing import Any
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
+from engine.checkpoint import best
 from engine.ema import ema_state, load_ema_state
 from engine.faults import RunError, save_pause
 from engine.parallel import Strategy
@@ -184,13 +185,16 @@ def restore(run: Run, source: tuple[Path, dict]) -> State:
         saved.get("last_eval", {}),
         saved.get("bad_samples", 0),
         saved.get("skipped_steps", 0),
+        saved.get("best", []),  # none in a checkpoint written before best checkpoints
     )
 
 
 def save(run: Run) -> None:
     """A collective: every rank contributes its RNG state; rank 0 writes the single file (or
     every rank its shard), and every rank learns whether the checkpoint is complete (a failed
-    write stops all of them, not one alone)."""
+    write stops all of them, not one alone). The checkpoint carries the best checkpoints'
+    ranking with itself ranked in (engine.checkpoint.best)."""
+    best.select(run)
     rngs = D.gather_objects(rng_state())
     if run.strategy.fsdp:
         error = write_sharded(run, rngs)
@@ -214,13 +218,15 @@ def meta(run: Run, rngs: list) -> dict:
         "last_eval": st.last_eval,
         "bad_samples": st.bad_samples,
         "skipped_steps": st.skipped_steps,
+        "best": st.best,
         "config": redact(run.cfg.to_dict()),  # never a pasted credential
         "init": run.init_record,  # the first weights' file, recorded again by a resumed run
     }
 
 
 def write_file(run: Run, rngs: list) -> str | None:
-    """Rank 0: the checkpoint file, then pruning; the error line when the disk refuses."""
+    """Rank 0: the checkpoint file, then pruning, then the best checkpoints (a failure there
+    is a warning); the error line when the disk refuses the checkpoint."""
     folder = run.run_dir / "checkpoints"
     path = ckpt.checkpoint_path(folder, run.state.step)
     payload = meta(run, rngs) | {
@@ -234,12 +240,13 @@ def write_file(run: Run, rngs: list) -> str | None:
         ckpt.prune(folder, run.cfg.ckpt.keep, path)
     except OSError as err:
         return write_error(run, path, err)
+    best.place(run, path)
     return None
 
 
 def write_sharded(run: Run, rngs: list) -> str | None:
     """Every rank: its shard of the model and optimizer, in a directory that is renamed into
-    place once all shards and the metadata are written; rank 0 prunes."""
+    place once all shards and the metadata are written; rank 0 prunes and places the best."""
     folder = run.run_dir / "checkpoints"
     path = ckpt.sharded_path(folder, run.state.step)
     pause = save_pause(run.cfg.fault, run.state.step)
@@ -251,6 +258,8 @@ def write_sharded(run: Run, rngs: list) -> str | None:
             ckpt.prune(folder, run.cfg.ckpt.keep, path)
     except OSError as err:
         return write_error(run, path, err)
+    if run.denv.is_main:
+        best.place(run, path)
     return None
 
 
