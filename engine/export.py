@@ -33,6 +33,7 @@ import torch
 
 from engine import checkpoint as ckpt
 from engine.checkpoint import best as best_checkpoints
+from engine.checkpoint import weights as checkpoint_weights
 from engine.config import ConfigError
 
 SUFFIXES = (".pt", ".safetensors")
@@ -130,7 +131,7 @@ def choose(paths: list[Path], best: bool, average: bool) -> list[Path]:
             raise ExportError(f"{path} does not exist")
     if len(paths) > 1:
         for path in paths:
-            if not (path.is_file() or _is_sharded(path)):
+            if not (path.is_file() or checkpoint_weights.is_sharded(path)):
                 raise ExportError(
                     f"{path} is not a checkpoint (step-N.pt or step-N/): averaging several "
                     "takes checkpoints, a run directory alone averages its best ones"
@@ -139,7 +140,7 @@ def choose(paths: list[Path], best: bool, average: bool) -> list[Path]:
     path = paths[0]
     if path.name == best_checkpoints.FOLDER and (path.parent / "checkpoints").is_dir():
         path, best = path.parent, True  # a run's best/ folder: its best checkpoints
-    if not (best or average) or path.is_file() or _is_sharded(path):
+    if not (best or average) or path.is_file() or checkpoint_weights.is_sharded(path):
         if best:
             raise ExportError(f"{path} is a checkpoint; --best takes a run directory")
         return [resolve(path)]
@@ -161,7 +162,7 @@ def best_set(run_dir: Path) -> list[tuple[Path, dict]]:
     except ExportError:
         raise
     except Exception as err:  # not a checkpoint, torn, or holding arbitrary objects
-        raise ExportError(f"{folder} holds an unreadable checkpoint ({_reason(err)})") from None
+        raise ExportError(f"{folder} holds an unreadable checkpoint ({ckpt.reason(err)})") from None
     if not ranked:
         raise ExportError(
             f"{run_dir} holds no best checkpoints (a run directory with best/ in it, trained "
@@ -194,34 +195,20 @@ def resolve(path: Path) -> Path:
     """The checkpoint to export: the path itself, or a run directory's newest valid one."""
     if not path.exists():
         raise ExportError(f"{path} does not exist")
-    if path.is_file() or _is_sharded(path):
-        return path
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = ckpt.latest_valid(folder)
-    if found is None:
-        raise ExportError(
-            f"{path} is not a checkpoint (step-N.pt or step-N/) nor a run directory holding one"
-        )
-    print(f"newest valid checkpoint in {path}: {found[0].name}")
-    return found[0]
-
-
-def _is_sharded(path: Path) -> bool:
-    return path.is_dir() and ((path / ".metadata").exists() or (path / "meta.pt").exists())
+    found = checkpoint_weights.newest(path)
+    if found != path:
+        print(f"newest valid checkpoint in {path}: {found.name}")
+    return found
 
 
 def read_weights(path: Path, ema: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """({name: contiguous CPU tensor}, {recipe, step, source})."""
     if path.is_dir():
-        state, weights = _read_sharded(path, ema)
+        state, weights = _read_meta(path), checkpoint_weights.read(path, ema)
     else:
         state = _read_file(path)
-        weights = _ema_weights(state, path) if ema else state["model"]
-    tensors = {
-        name: value.detach().cpu().contiguous()
-        for name, value in ckpt.strip_prefixes(weights).items()
-        if isinstance(value, torch.Tensor) and name != "n_averaged"
-    }
+        weights = checkpoint_weights.bare(checkpoint_weights.of_state(state, ema, path))
+    tensors = {name: value.contiguous() for name, value in weights.items()}
     if not tensors:
         raise ExportError(f"{path} holds no weights")
     info = {"recipe": recipe_of(state, path), "step": state.get("step", "?")}
@@ -300,37 +287,10 @@ def _read_file(path: Path) -> dict[str, Any]:
     except ConfigError:
         raise
     except Exception as err:  # not a torch file, torn, or holding arbitrary objects
-        raise ExportError(f"{path} is not a readable checkpoint ({_reason(err)})") from None
+        raise ExportError(f"{path} is not a readable checkpoint ({ckpt.reason(err)})") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ExportError(f"{path} is not a checkpoint (no model state in it)")
     return state
-
-
-def _read_sharded(path: Path, ema: bool) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    from engine.checkpoint import sharded  # start-up time: imports DCP
-
-    try:
-        meta = sharded.read_meta(path)
-        if ema:
-            return meta, _ema_weights(meta, path)
-        return meta, sharded.model_tensors(path)
-    except ExportError:
-        raise
-    except Exception as err:  # a directory that is not (or not wholly) a sharded checkpoint
-        raise ExportError(f"{path} is not a complete sharded checkpoint ({_reason(err)})") from None
-
-
-def _reason(err: Exception) -> str:
-    first = " ".join(str(err).split()).split(". ")[0][:160]
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
-def _ema_weights(state: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
-    """engine.ema's layout: state["ema"] = {"model": the averaged module's state dict, ...}."""
-    average = state.get("ema")
-    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
-        raise ExportError(f"{path} holds no EMA of the weights (trained with ema.decay=0?)")
-    return average["model"]
 
 
 def write(tensors: dict[str, torch.Tensor], out: Path, info: dict[str, Any]) -> None:

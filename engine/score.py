@@ -18,6 +18,7 @@ from typing import Any
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
+from engine.checkpoint import weights as checkpoint_weights
 from engine.checkpoint.files import NAME, SHARDED_NAME
 from engine.evaluate import evaluate
 from engine.recipe import Recipe
@@ -27,16 +28,11 @@ from engine.tracking import log
 
 
 def target(path: Path) -> Path:
-    """The weights evaluated: the path, or a run folder's newest valid checkpoint."""
+    """The weights evaluated: the path, a run folder's newest valid checkpoint, or the best
+    one of a run's best/ folder."""
     if not path.exists():
         raise C.ConfigError(f"--eval {path}: no such file or folder")
-    if path.is_dir() and not (path / "meta.pt").exists() and not (path / ".metadata").exists():
-        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        found = ckpt.latest_valid(folder)
-        if found is None:
-            raise C.ConfigError(f"--eval {path}: a folder holding no checkpoint")
-        return found[0]
-    return path
+    return checkpoint_weights.newest(path)
 
 
 def result_path(weights: Path, ema: bool, out: str) -> Path:

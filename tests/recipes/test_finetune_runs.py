@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,6 +209,27 @@ def test_make_eval_of_a_run_equals_its_final_record(digits_runs, tmp_path):
     }
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1] == final  # the run's own records are untouched
+
+
+def test_eval_of_a_runs_best_folder_scores_its_best_checkpoint(digits_runs, tmp_path):
+    run = helpers.run_dir(digits_runs, "through")
+    (best,) = json.loads((run / "summary.json").read_text())["best_checkpoints"]
+    out = tmp_path / "best.json"
+    cmd = [sys.executable, "-m", "engine.train", "digits", *helpers.QUIET]
+    done = subprocess.run(
+        [*cmd, "--eval", str(run / "best"), "--out", str(out)],
+        env=helpers.engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    written = json.loads(out.read_text())
+    assert written["step"] == best["step"] and written["weights"] == str(run / best["path"])
+    (record,) = [
+        r for r in helpers.records(digits_runs, "through", "eval") if r["step"] == best["step"]
+    ]
+    assert written["metrics"] == {k: record[k] for k in written["metrics"]}
 
 
 def test_resume_from_a_weights_only_file_points_to_init_from(digits_runs, tmp_path):
