@@ -59,6 +59,9 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
     destination = result_path(weights, ema, out)
     for_scoring(cfg, weights, ema)
     denv = D.read_env()
+    # Nothing trains: the smallest training batch, so a held-out split can be scored beside
+    # a training set of any size.
+    cfg.train.batch_size, cfg.train.micro_batch_size = denv.world_size, None
     D.limit_threads(denv)
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)
@@ -90,5 +93,15 @@ def result(
         "step": int(name.group(1)) if name else None,
         "world_size": world_size,
         "eval": dataclasses.asdict(cfg.eval),
+        **preprocessing(cfg),
         "metrics": metrics,
     }
+
+
+def preprocessing(cfg: C.Config) -> dict[str, Any]:
+    """An image recipe's evaluation resize and crop, which the metrics depend on."""
+    augment = getattr(cfg.data, "augment", None)
+    if not dataclasses.is_dataclass(augment):
+        return {}
+    keys = ("eval_resize", "eval_size", "interpolation")
+    return {"preprocessing": {k: getattr(augment, k) for k in keys if hasattr(augment, k)}}
