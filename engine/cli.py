@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine import catalog, preempt, rundir
+from engine import catalog, finetune, preempt, rundir
 from engine import config as C
 from engine import distributed as D
 from engine.data.sampler import plan_batches
@@ -189,9 +189,7 @@ def load(request: Request) -> tuple[C.Config, Recipe]:
     leading = [*(["run.name="] if saved_name else []), *wandb_env_overrides(os.environ)]
     loaded = catalog.load_config(request.recipe, [*leading, *request.overrides], request.config)
     if loaded[0].model.weights:  # the named weights' preprocessing, before anything reads it
-        from engine.finetune import follow_weights  # start-up time: torchvision's tables
-
-        follow_weights(loaded[0])
+        finetune.follow_weights(loaded[0])
     if saved_name and is_rank_zero():
         print(
             f"note: {request.config} is the config of run {saved_name!r}; this starts a new "
@@ -218,6 +216,8 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     if request.check:
         preflight(cfg, request.check)
         check_data(cfg, recipe, request.data_here)
+        if request.data_here and finetune.wanted(cfg.model):
+            finetune.source_of(cfg.model)  # model.init_from or model.weights' cached file
     if request.print_config:
         sys.stdout.write(redact(C.dump(cfg)))
     else:

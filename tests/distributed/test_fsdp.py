@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from engine import checkpoint as ckpt
-from engine.config import build_section
+from engine.config import build_section, with_weights_init
 from recipes.gpt.model import ModelConfig, flops_per_token
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
 
@@ -114,7 +114,9 @@ def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert summary["headline"] == "eval_loss" and summary["world_size"] == 2
     train = records(fsdp, "fsdp", "train", "gpt")[-1]
     assert train["tokens_per_s"] == pytest.approx(train["samples_per_s"] * 64)
-    model = build_section("model", ModelConfig, load_run_config(fsdp, "fsdp")["model"])
+    model = build_section(
+        "model", with_weights_init(ModelConfig), load_run_config(fsdp, "fsdp")["model"]
+    )
     declared = flops_per_token(model, 64) * 64  # the recipe's FLOPs per sample
     assert train["mfu"] == pytest.approx(train["samples_per_s"] * declared / 2e12)  # 2 x 1 TF
 
@@ -173,7 +175,7 @@ def descendants(pid: int) -> list[int]:
 EVALUATE = """
 import json, sys
 import torch
-from engine.config import build_section
+from engine.config import build_section, with_weights_init
 from recipes.gpt.recipe import RECIPE
 config, weights = json.loads(sys.argv[1]), sys.argv[2]
 if weights.endswith(".pt"):
@@ -181,7 +183,8 @@ if weights.endswith(".pt"):
 else:
     from safetensors.torch import load_file
     state = load_file(weights)
-model = RECIPE.build_model(build_section("model", RECIPE.model_config, config["model"]))
+model_config = with_weights_init(RECIPE.model_config)  # the engine adds model.init_from etc.
+model = RECIPE.build_model(build_section("model", model_config, config["model"]))
 model.load_state_dict(state, strict=True)
 _, held_out = RECIPE.build_datasets(build_section("data", RECIPE.data_config, config["data"]))
 loss = count = 0.0
@@ -274,3 +277,39 @@ def test_bf16_mixed_precision_keeps_fp32_weights_and_trains_alike(fsdp, tmp_path
         run_dir(tmp_path, "bf16", "gpt") / "checkpoints" / "step-00000008"
     )
     assert {t.dtype for t in saved.values()} == {torch.float32}
+
+
+def test_init_from_loads_into_a_model_sharded_from_the_meta_device(tmp_path):
+    """gpt is built on the meta device and initialised shard by shard under FSDP: a file's
+    weights go into each process's shards (every process read the whole file). At lr x 0 the
+    sharded run's checkpoint holds exactly the file's weights."""
+    gpt(tmp_path, "base", "train.max_steps=2", procs=1)
+    source = helpers_export(tmp_path)
+    gpt(
+        tmp_path,
+        "ft",
+        *FSDP,
+        f"model.init_from={source}",
+        "optim.lr_mult=[*=0]",
+        "train.max_steps=2",
+        "ckpt.every_steps=0",
+    )
+    newest = max((run_dir(tmp_path, "ft", "gpt") / "checkpoints").glob("step-*"))
+    from engine.checkpoint import weights
+
+    loaded = weights.read(newest, ema=False)
+    base = torch.load(source, weights_only=True)
+    assert loaded.keys() == base.keys()
+    assert all(torch.equal(loaded[k], base[k]) for k in base)
+    init = json.loads((run_dir(tmp_path, "ft", "gpt") / "summary.json").read_text())["init"]
+    assert init["loaded"] == len(base) and init["reinitialised"] == []
+
+
+def helpers_export(root: Path) -> Path:
+    """The base run's final weights as an export (.pt)."""
+    from engine import export
+
+    out = root / "base.pt"
+    tensors, info = export.read_weights(export.resolve(run_dir(root, "base", "gpt")), ema=False)
+    export.write(tensors, out, info)
+    return out

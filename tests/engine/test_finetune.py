@@ -228,3 +228,22 @@ def test_a_head_of_another_input_width_is_a_difference_not_a_new_head(files):
     state = dict(files["weights"]) | {"3.weight": torch.zeros(1000, 8)}
     with pytest.raises(ConfigError, match=r"3.weight \[1000, 8\] in the file, \[10, 4\] here"):
         finetune.match(wider, state, skip=[], strict=False)
+
+
+def test_a_sharded_checkpoint_and_a_run_directory_read_as_their_weights(tmp_path):
+    from engine.checkpoint import sharded
+
+    torch.manual_seed(0)
+    model = small(10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    folder = tmp_path / "digits" / "run" / "checkpoints"
+    sharded.save(ckpt.sharded_path(folder, 8), model, optimizer, {"step": 8})
+    for path in (ckpt.sharded_path(folder, 8), folder.parent):
+        tensors, kind = finetune.read(path, ema=False)
+        assert kind == "checkpoint"
+        assert all(torch.equal(tensors[k], v) for k, v in model.state_dict().items())
+        assert tensors.keys() == model.state_dict().keys()
+    with pytest.raises(ConfigError, match="holds no EMA"):
+        finetune.read(folder.parent, ema=True)
+    with pytest.raises(ConfigError, match="nor a run directory holding one"):
+        finetune.read(tmp_path, ema=False)

@@ -6,6 +6,7 @@ are real and the parent checks what they left on disk."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -290,6 +291,10 @@ def _worker(rank: int, folder: Path, port: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     (folder / f"error-{rank}.txt").write_text(error)
     dist.barrier()
+    # Release the sharded model before the group, as engine.train does: gloo's threads then
+    # end with the group rather than during interpreter shutdown (a SIGABRT at exit).
+    del model, optimizer, full, optim
+    gc.collect()
     dist.destroy_process_group()
 
 
