@@ -241,3 +241,16 @@ def test_resume_from_a_weights_only_file_points_to_init_from(digits_runs, tmp_pa
         f"error: resume={exported} holds weights only (an export or published weights), not a "
         f"training checkpoint; start a run from them with model.init_from={exported}"
     )
+
+
+def test_a_launch_of_several_processes_checks_the_weights_before_starting(tmp_path):
+    missing = tmp_path / "nope.pt"
+    out = helpers.launch(
+        "train", GPUS="0", PROCS="2", ARGS=f"model.init_from={missing} run.root={tmp_path}"
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"launch: model.init_from={missing}: no such file or folder (config checked for 2 "
+        "process(es); nothing was started)"
+    )
+    assert not (tmp_path / "digits").exists()
