@@ -94,3 +94,12 @@ def _write_with_pause(obj: Any, f, pause_s: float) -> None:
     f.flush()
     time.sleep(pause_s)
     f.write(data[len(data) // 2 :])
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` durable (the directory's own fsync)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import fsync_dir
 from engine.checkpoint.files import checkpoint_path, list_checkpoints, sharded_path
 from engine.results import summary_name
 from engine.tracking import log
@@ -111,7 +112,7 @@ def sync(run_dir: Path, entries: list[dict], fresh: str | None = None) -> list[d
     for path in best.iterdir():
         if path.name not in names:
             _remove(path)
-    _fsync_dir(best)
+    fsync_dir(best)
     return kept
 
 
@@ -161,14 +162,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------- reading

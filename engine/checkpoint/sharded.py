@@ -21,7 +21,6 @@ is left waiting at a barrier."""
 from __future__ import annotations
 
 import errno
-import os
 import shutil
 import time
 import warnings
@@ -37,7 +36,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from engine.atomic import atomic_save
+from engine.atomic import atomic_save, fsync_dir
 from engine.checkpoint.files import old_path, partial_path
 from engine.config import ConfigError
 from engine.distributed import gather_objects
@@ -89,17 +88,9 @@ def _publish(partial: Path, path: Path) -> None:
     if path.exists():
         path.rename(old)
     partial.rename(path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if old.exists():
         shutil.rmtree(old)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _together(action: Callable[[], Any], doing: str) -> None:
