@@ -109,8 +109,11 @@ def sync(run_dir: Path, entries: list[dict], fresh: str | None = None) -> list[d
                 f"{best} and its checkpoint is gone; it leaves the best set"
             )
     names = {e["file"] for e in kept}
+    # Checkpoints outside the set and hidden leftovers go; other files (an --eval result
+    # written beside a best checkpoint) stay.
+    ours = {p.name for p in list_checkpoints(best)}
     for path in best.iterdir():
-        if path.name not in names:
+        if path.name not in names and (path.name in ours or path.name.startswith(".")):
             _remove(path)
     fsync_dir(best)
     return kept

@@ -45,8 +45,12 @@ def root(tmp_path_factory) -> Path:
     helpers.run_engine(root, "resumed", *SETTINGS, "train.stop_at_step=12")
     stray = best.folder(helpers.run_dir(root, "resumed")) / file_name(LAST_STEP + 5)
     stray.write_bytes(b"from a continuation that was abandoned")
+    scored = stray.parent / "step-00000002.eval.json"  # make eval's result: not a checkpoint
+    scored.write_text("{}")
     out = helpers.run_engine(root, "resumed", *SETTINGS)
     assert "resuming from" in out.stderr
+    assert scored.read_text() == "{}"  # kept; the tests below compare checkpoints only
+    scored.unlink()
     return root
 
 
