@@ -17,7 +17,9 @@ from engine import distributed as D
 from engine import finetune, rundir
 from engine import parallel as P
 from engine.checkpoint.state import check_resumable, restore, resume_source
-from engine.data.loaders import train_loader
+from engine.data import shm
+from engine.data.device import DeviceImages
+from engine.data.loaders import SeededSamples, train_loader
 from engine.data.mix import build_mix
 from engine.data.sampler import BatchPlan, GlobalBatchSampler, plan_batches
 from engine.ema import build_ema
@@ -106,7 +108,26 @@ def setup(
             log(f"resuming from {source[0]} (epoch {run.state.epoch}, step {run.state.step})")
     if records:
         open_run_dir(run, mode)
+    if denv.local_rank == 0:
+        warn_shared_memory(run)
     return run
+
+
+def warn_shared_memory(run: Run) -> None:
+    """Said once per node, before any worker starts: the loaders' batches may not fit in
+    /dev/shm (training's and evaluation's workers do not hold batches at the same time)."""
+    processes = shm.processes_on_node()
+    plans = (
+        (run.train_data, run.sampler.plan.micro_batch),
+        (run.eval_data, run.cfg.eval.batch_size),
+    )
+    for data, batch in plans:
+        if isinstance(data, DeviceImages):
+            continue
+        text = shm.check(SeededSamples(data), batch, run.cfg.loader, processes)
+        if text:
+            log(text)
+            return
 
 
 def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_data, source):

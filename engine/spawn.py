@@ -25,6 +25,7 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
         WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         OMP_NUM_THREADS=str(threads),
