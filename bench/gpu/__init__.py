@@ -2,22 +2,35 @@
 
 Run it from the repository root on a machine with one NVIDIA GPU:
 
-    bash bench/gpu.sh                          # 7.5 minutes at most; prints the JSON path
+    bash bench/gpu.sh                          # about 7 minutes; prints the JSON path
     OUT=/some/dir bash bench/gpu.sh            # writes $OUT/gpu.json instead of runs/bench/
-    GPU_BENCH_BUDGET_S=300 bash bench/gpu.sh   # a shorter budget: later items shrink or skip
+    GPU_BENCH_BUDGET_S=240 bash bench/gpu.sh   # a shorter budget: later items shrink or skip
     bash bench/gpu.sh --smoke                  # tiny sizes (CPU when no GPU): proves the code
     bash bench/gpu.sh --only resnet50_synthetic,cifar10_fast   # a subset, e.g. for a rerun
+    bash bench/gpu.sh --only gpt.speed.compiled,resnet50_synthetic.eager   # single parts
     RECIPES_GIT_SHA=<sha> bash bench/gpu.sh    # records the commit where the copy has no .git
     GPU_BENCH_PYTHON=.venv/bin/python bash bench/gpu.sh   # another interpreter than python3
 
-(bench/gpu.sh runs `python -m bench.gpu`, then the tests marked gpu.) It needs only python3
-with torch, torchvision, numpy, pyyaml, pillow and scikit-learn (no W&B, no submitit, no
-network). Each measurement runs in its own try/except: a failure is recorded in the JSON
-(`status: error`, the error line and the end of the traceback) and the next one runs. A
-measurement that does not fit the time left is skipped with the reason, or shrinks (half the
-timed steps, `budget_tight: true`); a watchdog writes the JSON and stops the script once the
-budget (default 440 s, GPU_BENCH_BUDGET_S or --budget) is overrun by 15 s. The JSON is
-rewritten after every measurement, so a killed run still leaves what it measured.
+bench/gpu.sh runs `python -m bench.gpu`, then, where torch sees a CUDA device and pytest is
+there (smoke or not; GPU_BENCH_TESTS=0: never), the tests marked gpu, at most 150 s. It needs
+only python3 with torch, torchvision, numpy, pyyaml, pillow and scikit-learn (no W&B, no
+submitit, no matplotlib, no safetensors, no network), and puts the repository on PYTHONPATH
+itself: on a machine with those but not the project's lock, `bash bench/gpu.sh` from the
+checkout is the whole command.
+
+Each measurement is made of parts (sizes.PARTS: resnet50_synthetic.eager and .compiled,
+imagenet_jpeg.cpu_decode and .gpu_decode, cifar10_fast.generated and .real_data, gpt.speed.*
+and gpt.memory.*), each run by harness.attempt() in its own try/except and filed under its
+dotted name in the JSON, which is rewritten (atomically) as each part starts and ends. A
+failure is recorded (`status: error`, the error line and the end of the traceback) and the next
+part runs. --only takes measurements, parts or groups (gpt.speed); an unknown name is refused
+with the valid ones. A part that does not fit the time left is skipped with the reason, or
+shrinks (half the timed steps, `budget_tight: true`). The default budget is 340 s
+(GPU_BENCH_BUDGET_S or --budget; smoke 300 s), of which the plan (sizes.planned_s) uses 285 s:
+the rest is a margin for compilation on an empty inductor cache. A watchdog stops the script
+once the budget is overrun by 15 s: the parts that ended are kept, the part running and its
+measurement are marked `aborted` (the top-level `aborted` names the part), the measurements
+after it `not reached`. GPU_BENCH_PLANT_STALL=<part> makes that part stall, to test this.
 
 Warm-up steps, compilation included, are never in a throughput; every timed span starts and
 ends with torch.cuda.synchronize. The measurements, in run order, each in its own module whose
@@ -31,10 +44,17 @@ docstring says what its figures mean:
   gpt                 gpt.py         (f) recipes/gpt tokens/s, MFU and memory against its estimate
   memory_and_mfu      memory_mfu.py  (e) every path's memory high-water mark and MFU in one table
 
-The plumbing they share: sizes.py (names, targets, references, full and smoke sizes),
+The plumbing they share: sizes.py (names and parts, budget, targets, references, full and
+smoke sizes),
 harness.py (budget, attempt, JSON, watchdog, timing, MFU), compile_log.py (dynamo counters),
 engine_runs.py (the engine driven step by step); __main__.py parses the flags and runs them.
 
-The printed summary puts each figure beside its target; the JSON also holds published
-reference figures (labelled references, with their sources) for comparison.
+The printed summary puts each figure beside what it is compared with: (a) engine and bare
+img/s against >= 3500 and engine/bare against >= 0.95; (b) each decode path's img/s over (a)'s
+engine figure, GPU decode against >= 0.90; (c) the projected time of the fast variant's 475
+steps beside airbench94's 3.83 s on an A100; (d) recompilations and graph breaks (0 is the
+aim); (f) tokens/s and MFU, and the 1b model's memory high-water mark beside
+recipes/gpt/memory.py's estimate. A part that did not run says why on its line, and each
+measurement that did not end ok is listed at the end with the reason.
+The JSON also holds published reference figures (labelled references, with their sources).
 """

@@ -27,7 +27,7 @@ from bench.gpu.harness import (
     summary_head,
 )
 from bench.gpu.memory_mfu import memory_and_mfu
-from bench.gpu.sizes import MEASUREMENTS, SMOKE, Sizes
+from bench.gpu.sizes import BUDGET_S, MEASUREMENTS, SMOKE, SMOKE_BUDGET_S, Sizes, selectable
 from bench.gpu.versions import versions
 
 RUNNERS = {
@@ -45,22 +45,17 @@ SUMMARIES = {  # the printed summary's order: (a), (b), (c), (d), (f)
 }
 
 
-def run_all(bench: Bench, only: set[str] | None) -> None:
+def run_all(bench: Bench) -> None:
+    """Each measurement in order; attempt() files it, and each of its parts, in the JSON."""
     results = bench.result["measurements"]
     for name in MEASUREMENTS:
-        bench.measurement = name
-        if only and name not in only:
-            results[name] = {"status": "skipped", "reason": "not selected (--only)"}
-        elif name == "gpt":
+        if name == "gpt":
             results[name] = gpt.gpt(bench)  # keeps to its own share of the budget
         elif name == "memory_and_mfu":
-            results[name] = attempt(
-                bench, "(e) memory and MFU", lambda: memory_and_mfu(bench), memory=False
-            )
+            attempt(bench, name, "(e) memory and MFU", lambda: memory_and_mfu(bench), memory=False)
         else:
             need = 5.0 if bench.smoke else min(30.0, dict(bench.sizes.planned_s)[name] / 4)
-            results[name] = attempt(bench, name, lambda n=name: RUNNERS[n](bench), need_s=need)
-        bench.measurement = ""
+            attempt(bench, name, name, lambda n=name: RUNNERS[n](bench), need_s=need)
         bench.write()
 
 
@@ -79,22 +74,30 @@ def parse_args(argv: list[str] | None):
     smoke_env = os.environ.get("GPU_BENCH_SMOKE", "").lower() in ("1", "true", "yes")
     parser.add_argument("--smoke", action="store_true", default=smoke_env)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--budget", type=float, default=None, help="seconds (default 440)")
+    parser.add_argument(
+        "--budget", type=float, default=None, help=f"seconds (default {BUDGET_S:.0f})"
+    )
     parser.add_argument("--batch", type=int, default=None, help="ResNet batch (default 256)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
-    parser.add_argument("--only", default="", help="comma-separated measurement names")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated measurements or parts, e.g. resnet50_synthetic.eager,gpt.speed",
+    )
     args = parser.parse_args(argv)
     if args.budget is None:
-        args.budget = float(os.environ.get("GPU_BENCH_BUDGET_S") or (300 if args.smoke else 440))
+        default = SMOKE_BUDGET_S if args.smoke else BUDGET_S
+        args.budget = float(os.environ.get("GPU_BENCH_BUDGET_S") or default)
     if args.out is None:
         if os.environ.get("OUT"):
             args.out = Path(os.environ["OUT"]) / "gpu.json"
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             args.out = REPO / "runs" / "bench" / f"gpu-{stamp}.json"
-    unknown = set(filter(None, args.only.split(","))) - set(MEASUREMENTS)
+    unknown = set(filter(None, args.only.split(","))) - set(selectable())
     if unknown:
-        parser.error(f"unknown measurement(s) {sorted(unknown)}; choose from {MEASUREMENTS}")
+        names = ", ".join(selectable())
+        parser.error(f"--only: unknown {', '.join(sorted(unknown))}; valid names: {names}")
     return args
 
 
@@ -142,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare(bench)
     bench.write()
     start_watchdog(bench)
-    only = set(filter(None, args.only.split(","))) or None
     try:
-        run_all(bench, only)
+        run_all(bench)
     finally:
         bench.write(final=True)
         shutil.rmtree(bench.tmp, ignore_errors=True)

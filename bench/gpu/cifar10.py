@@ -1,8 +1,8 @@
-"""(c) cifar10_fast: the CIFAR-10 fast variant (airbench-style, data on the device) on
-generated data of the real shape (50k train, 10k test, 32x32): seconds per epoch and the
-projected time of its 475-step (9.9-epoch) budget. Accuracy (94% is the aim) can only be
-measured on the real CIFAR-10: when its files are at the recipe's data.root, the run to the
-end and its final top-1 are measured too."""
+"""(c) cifar10_fast: the CIFAR-10 fast variant (airbench-style, data on the device). Part
+`generated`, on generated data of the real shape (50k train, 10k test, 32x32): seconds per
+epoch and the projected time of its 475-step (9.9-epoch) budget. Accuracy (94% is the aim)
+can only be measured on the real CIFAR-10: part `real_data`, when its files are at the
+recipe's data.root, measures the run to the end and its final top-1."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from bench.gpu.engine_runs import close_run, engine_run, engine_steps
-from bench.gpu.harness import REPO, Bench, Skip, attempt, device_peak, median, mfu, timed
+from bench.gpu.harness import REPO, Bench, Skip, attempt, device_peak, fmt, median, mfu, timed
 from bench.gpu.sizes import REFERENCES
 from engine import catalog
 from engine.catalog import load_config
@@ -78,6 +78,30 @@ def projections(bench: Bench, run, t: dict) -> dict:
 
 
 def cifar10_fast(bench: Bench) -> dict:
+    """The two parts, each filed as soon as it ends; an error when one failed and none ran."""
+    parts = [
+        attempt(
+            bench,
+            "cifar10_fast.generated",
+            "(c) generated CIFAR-10",
+            lambda: cifar_generated(bench),
+            need_s=bench.need(20),
+        ),
+        attempt(
+            bench,
+            "cifar10_fast.real_data",
+            "(c) real CIFAR-10",
+            lambda: cifar_real(bench),
+            need_s=bench.need(60),
+        ),
+    ]
+    statuses = {part["status"] for part in parts}
+    if "error" in statuses and "ok" not in statuses:
+        return {"status": "error", "error": "no part ran (see generated and real_data)"}
+    return {}
+
+
+def cifar_generated(bench: Bench) -> dict:
     s = bench.sizes
     started = time.perf_counter()
     root = cifar_folder(bench)
@@ -102,9 +126,6 @@ def cifar10_fast(bench: Bench) -> dict:
         out |= projections(bench, run, t)
     finally:
         close_run(run)
-    out["real_data"] = attempt(
-        bench, "(c) real CIFAR-10", lambda: cifar_real(bench), need_s=bench.need(60)
-    )
     return out
 
 
@@ -140,10 +161,20 @@ def cifar_real(bench: Bench) -> dict:
 
 
 def summary(entry: dict) -> list[str]:
-    if entry.get("status") != "ok":
-        return []
-    return [
-        f"  (c) CIFAR-10 fast: {entry['epoch_s']:.3f} s/epoch, projected "
-        f"{entry['projected_budget_s']:.2f} s for {entry['budget_steps']} steps "
-        "(airbench94: 3.83 s on an A100)"
-    ]
+    lines = []
+    generated, real = entry.get("generated", {}), entry.get("real_data", {})
+    if generated.get("status") == "ok":
+        lines.append(
+            f"  (c) CIFAR-10 fast: {generated['epoch_s']:.3f} s/epoch, projected "
+            f"{generated['projected_budget_s']:.2f} s for {generated['budget_steps']} steps "
+            "(airbench94: 3.83 s on an A100)"
+        )
+    elif generated:
+        why = generated.get("reason") or generated.get("error", "")
+        lines.append(f"  (c) CIFAR-10 fast: {generated.get('status')} {why[:200]}".rstrip())
+    if real.get("status") == "ok":
+        lines.append(
+            f"  (c) CIFAR-10 fast on the real files: top-1 {fmt(real['top1'], '.4f')} after "
+            f"{real['steps']} steps in {real['fit_s']:.1f} s (airbench94: 94.01% in 3.83 s)"
+        )
+    return lines

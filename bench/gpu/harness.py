@@ -1,6 +1,7 @@
-"""The plumbing every measurement shares: the time budget, the result JSON (rewritten after
-each measurement, atomically), attempt() that turns a failure into a recorded entry, the
-watchdog that stops an overrunning run, timing and MFU helpers, and the summary's frame."""
+"""The plumbing every measurement shares: the time budget, the result JSON (rewritten
+atomically as each part starts and ends), attempt() that runs one part, files its entry under
+its dotted name and turns a failure into a recorded entry, the watchdog that stops an
+overrunning run and keeps what was measured, timing and MFU helpers, and the summary's frame."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
 from bench.gpu.compile_log import dynamo_delta, dynamo_snapshot
-from bench.gpu.sizes import MEASUREMENTS, REFERENCES, TARGETS, Sizes
+from bench.gpu.sizes import MEASUREMENTS, REFERENCES, TARGETS, Sizes, selectable
 from engine import catalog, speed
 
 REPO = Path(__file__).resolve().parents[2]
+PLANT_STALL = "GPU_BENCH_PLANT_STALL"  # a part's dotted name: it stalls (tests the watchdog)
 
 
 class Skip(Exception):
@@ -40,8 +43,9 @@ class Bench:
         self.started = time.perf_counter()
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
         self.cache: dict = {}  # data folders made once, (a)'s figures for (b)
-        self.current = ""  # the part running now, for the watchdog's note
-        self.measurement = ""  # the measurement running now
+        self.only = set(filter(None, args.only.split(",")))  # --only: names to run
+        self.current = ""  # the label of the part running now, for the watchdog's note
+        self.running: list[str] = []  # dotted names of the parts running now, outermost first
         self.lock = threading.Lock()
         self.result = {
             "script": "bench/gpu",
@@ -64,16 +68,39 @@ class Bench:
     def remaining(self) -> float:
         return self.budget_s - self.elapsed()
 
+    def selected(self, key: str) -> bool:
+        """Whether --only lets the part (or measurement) `key` run: it, a group above it, or a
+        part below it is named (or nothing is)."""
+        if key not in selectable():
+            raise ValueError(f"{key!r} is not in bench.gpu.sizes.PARTS")
+        return not self.only or any(
+            key == name or key.startswith(name + ".") or name.startswith(key + ".")
+            for name in self.only
+        )
+
+    def entry(self, key: str) -> dict:
+        """The dict filed under measurements.<key> (made empty where missing): a measurement
+        adds its figures to it as they come, and attempt() files its parts in it."""
+        node = self.result["measurements"]
+        for step in key.split("."):
+            node = node.setdefault(step, {})
+        return node
+
+    def file(self, key: str, entry: dict) -> dict:
+        """entry under measurements.<key>, replacing what was there."""
+        parent, _, last = key.rpartition(".")
+        (self.entry(parent) if parent else self.result["measurements"])[last] = entry
+        return entry
+
     def planned_rest(self, name: str) -> float:
         """Planned seconds of this measurement and those after it that will run."""
-        only = set(filter(None, self.args.only.split(",")))
         gpt = "gpt" in catalog.available()
         names = [n for n, _ in self.sizes.planned_s]
         start = names.index(name) if name in names else len(names)
         return sum(
             seconds
             for n, seconds in self.sizes.planned_s[start:]
-            if (not only or n in only) and (n != "gpt" or gpt)
+            if self.selected(n) and (n != "gpt" or gpt)
         )
 
     def need(self, seconds: float) -> float:
@@ -140,26 +167,31 @@ def error_entry(err: BaseException) -> dict:
 # ---------------------------------------------------------------- one recorded part
 
 
-def attempt(bench: Bench, label: str, fn, need_s: float = 0.0, memory: bool = True) -> dict:
+def attempt(
+    bench: Bench, key: str, label: str, fn, need_s: float = 0.0, memory: bool = True
+) -> dict:
     """fn() -> dict, recorded with its status, seconds, GPU memory high-water mark and
-    torch.compile activity; an exception becomes an error entry, Skip a skipped one."""
-    if need_s and bench.remaining() < need_s:
-        left = max(0.0, bench.remaining())
-        return {
-            "status": "skipped",
-            "reason": f"needs ~{need_s:.0f} s, {left:.0f} s left of the budget",
-        }
+    torch.compile activity, filed under measurements.<key> (a dotted name of sizes.PARTS) and
+    the JSON rewritten; an exception becomes an error entry, Skip a skipped one. The entry is
+    there from the start (status running), so that the parts fn files under it, and the
+    figures it adds through bench.entry(key), are kept whatever happens next."""
+    refused = refusal(bench, key, need_s)
+    if refused:
+        return bench.file(key, {"status": "skipped", "reason": refused})
+    if os.environ.get(PLANT_STALL) == key:
+        fn = lambda: planted_stall(bench, key)  # noqa: E731
+    live = bench.file(key, {"status": "running"})
     previous, bench.current = bench.current, label
+    bench.running.append(key)
     bench.say(f"{label} ...")
+    bench.write()
     reset_peak(bench.device)
     before = dynamo_snapshot()
     started = time.perf_counter()
     try:
-        entry = {"status": "ok"} | fn()
-    except Skip as why:
-        entry = {"status": "skipped", "reason": str(why)}
-    except Exception as err:  # every failure is a figure too: record it and go on
-        entry = error_entry(err)
+        entry = outcome(fn, live)
+    finally:
+        bench.running.pop()
     entry["seconds"] = round(time.perf_counter() - started, 2)
     peak = peak_memory_gb(bench.device) if memory else None
     if peak is not None:
@@ -169,7 +201,42 @@ def attempt(bench: Bench, label: str, fn, need_s: float = 0.0, memory: bool = Tr
         entry["torch_compile"] = change
     bench.current = previous
     free_device_memory(bench.device)
+    bench.file(key, entry)
+    bench.write()
     bench.say(f"{label}: {entry['status']}{describe(entry)}")
+    return entry
+
+
+def planted_stall(bench: Bench, key: str) -> NoReturn:
+    """GPU_BENCH_PLANT_STALL=<key>: the part overruns. The budget ends where it starts, so the
+    watchdog stops the run its grace later (a test need not wait out a budget)."""
+    bench.note(f"{PLANT_STALL}={key}: this part stalled on purpose; the budget ended there")
+    bench.budget_s = bench.elapsed()
+    time.sleep(120.0)  # the watchdog ends the process long before
+    raise RuntimeError(f"{PLANT_STALL}: the watchdog did not stop the run")
+
+
+def refusal(bench: Bench, key: str, need_s: float) -> str:
+    """Why the part does not start ("": it does)."""
+    if not bench.selected(key):
+        return "not selected (--only)"
+    if need_s and bench.remaining() < need_s:
+        left = max(0.0, bench.remaining())
+        return f"needs ~{need_s:.0f} s, {left:.0f} s left of the budget"
+    return ""
+
+
+def outcome(fn, live: dict) -> dict:
+    """fn()'s entry over what it filed in `live` while it ran; a failure keeps those too."""
+    try:
+        result = fn()  # first: the parts it files in live while it runs
+        entry = {"status": "ok"} | live | result
+        if entry["status"] == "running":
+            entry["status"] = "ok"
+    except Skip as why:
+        entry = {"status": "skipped"} | live | {"status": "skipped", "reason": str(why)}
+    except Exception as err:  # every failure is a figure too: record it and go on
+        entry = {"status": "error"} | live | error_entry(err)
     return entry
 
 
@@ -198,19 +265,27 @@ def nested_max(value, key: str):
 
 
 def start_watchdog(bench: Bench, grace_s: float = 15.0) -> None:
-    """Past the budget plus grace: record where it stood, write the JSON and stop."""
+    """Past the budget plus grace: record where it stood, write the JSON and stop. The parts
+    that ended are kept; each running one (the part and the measurement around it) is marked
+    aborted, its finished parts kept with it."""
 
     def watch():
         while bench.remaining() > -grace_s:
             time.sleep(1.0)
-        where = bench.current or "between measurements"
-        bench.note(f"aborted by the watchdog {grace_s:.0f} s past the budget, during: {where}")
+        running = list(bench.running)
+        where = running[-1] if running else "between measurements"
+        label = f", {bench.current!r}" if running and bench.current else ""
+        bench.note(
+            f"aborted by the watchdog {grace_s:.0f} s past the budget, during {where}{label}"
+        )
         bench.result["aborted"] = where
+        for key in running:
+            entry = bench.entry(key)
+            entry["status"] = "aborted"
+            entry["reason"] = f"over the budget: the watchdog stopped the run during {where}"
         results = bench.result["measurements"]
         for name in MEASUREMENTS:
-            if name == bench.measurement:
-                results[name] = {"status": "error", "error": f"aborted over the budget: {where}"}
-            elif name not in results:
+            if name not in results:
                 results[name] = {"status": "skipped", "reason": "not reached: over the budget"}
         bench.write(final=True)
         print(f"gpu-bench: over the budget during {where}; results so far: {bench.out}", flush=True)

@@ -166,7 +166,8 @@ def imagenet_jpeg(bench: Bench) -> dict:
     synthetic = bench.cache.get("synthetic", {})
     compile_on = "compiled" in synthetic or (not synthetic and bench.device.type == "cuda")
     reference = synthetic.get("compiled" if compile_on else "eager")
-    out = {
+    out = bench.entry("imagenet_jpeg")  # in the JSON from the start, the parts with it
+    out |= {
         "folder": {k: v for k, v in jpeg_folder(bench).items() if k != "root"},
         "compared_with": f"(a) engine, {'compiled' if compile_on else 'eager'}: "
         + (f"{reference} img/s" if reference else "not measured"),
@@ -174,12 +175,14 @@ def imagenet_jpeg(bench: Bench) -> dict:
     }
     out["cpu_decode"] = attempt(
         bench,
+        "imagenet_jpeg.cpu_decode",
         "(b) CPU decode",
         lambda: jpeg_run(bench, "cpu", compile_on, reference),
         need_s=bench.need(25),
     )
     out["gpu_decode"] = attempt(
         bench,
+        "imagenet_jpeg.gpu_decode",
         "(b) GPU decode",
         lambda: jpeg_run(bench, "gpu", compile_on, reference),
         need_s=bench.need(25),

@@ -224,7 +224,8 @@ def resnet50_synthetic(bench: Bench) -> dict:
     s = bench.sizes
     flops = train_flops(bench)
     peak, peak_source = device_peak(bench.device)
-    out = {
+    out = bench.entry("resnet50_synthetic")  # in the JSON from the start, the parts with it
+    out |= {
         "model": s.arch,
         "batch": s.batch,
         "image": s.image,
@@ -240,10 +241,15 @@ def resnet50_synthetic(bench: Bench) -> dict:
         "targets": {k: TARGETS[k] for k in ("resnet50_img_per_s", "engine_over_bare")},
     }
     out["eager"] = attempt(
-        bench, "(a) eager", lambda: resnet_pair(bench, False, flops, peak), need_s=bench.need(20)
+        bench,
+        "resnet50_synthetic.eager",
+        "(a) eager",
+        lambda: resnet_pair(bench, False, flops, peak),
+        need_s=bench.need(20),
     )
     out["compiled"] = attempt(
         bench,
+        "resnet50_synthetic.compiled",
         "(a) torch.compile",
         lambda: resnet_pair(bench, True, flops, peak),
         need_s=bench.need(100),
@@ -280,6 +286,8 @@ def summary(entry: dict) -> list[str]:
                 f"  (a) {model} {mode:8s} engine {e:8.1f} img/s, bare {b:8.1f} img/s "
                 f"(target >= 3500); engine/bare {ratio:.3f} (target >= 0.95)"
             )
-        else:
-            lines.append(f"  (a) {mode}: {get(entry, mode, 'status') or entry.get('status')}")
+        elif isinstance(entry.get(mode), dict):
+            part = entry[mode]
+            why = part.get("reason") or part.get("error", "")
+            lines.append(f"  (a) {mode}: {part.get('status')} {why[:200]}".rstrip())
     return lines

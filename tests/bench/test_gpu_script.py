@@ -1,7 +1,10 @@
 """The one-shot GPU benchmark (bench/gpu.sh) in its smoke mode: every measurement runs with
-tiny sizes (on the CPU here) in an interpreter where wandb and submitit cannot be imported, as
-on the lent GPU machine, and leaves one JSON file with the versions and an entry for each;
-and the gpt block's budget share and out-of-memory record without running it."""
+tiny sizes (on the CPU here) in an interpreter where wandb, submitit, matplotlib and
+safetensors cannot be imported, as on a GPU machine with only torch and torchvision, and
+leaves one JSON file with the versions and an entry for each part; a part that overruns the
+budget (planted) is stopped by the watchdog with the parts before it kept. Also: the default
+plan's margin, --only's names, and the gpt block's budget share and out-of-memory record
+without running it."""
 
 import argparse
 import dataclasses
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu.sizes import BUDGET_S, MARGIN, PARTS, Sizes, selectable
 from tests.datagen_cifar import write_cifar_batches
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -26,14 +30,16 @@ MEASUREMENTS = [
     "gpt",
     "memory_and_mfu",
 ]
+BLOCKED = ("wandb", "submitit", "matplotlib", "safetensors")
 
 
 def without_wandb_and_submitit(tmp_path: Path) -> dict[str, str]:
+    """The environment of a machine with torch and torchvision only: BLOCKED cannot be
+    imported (sys.modules[name] = None in a sitecustomize)."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\nsys.modules['wandb'] = None\nsys.modules['submitit'] = None\n"
-    )
+    lines = ["import sys", *(f"sys.modules[{name!r}] = None" for name in BLOCKED)]
+    (site / "sitecustomize.py").write_text("\n".join(lines) + "\n")
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "WANDB_API_KEY", "GPU_BENCH_BUDGET_S")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     return env | {
@@ -43,17 +49,71 @@ def without_wandb_and_submitit(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def part_entry(measurements: dict, key: str) -> dict:
+    """The entry filed under measurements.<key>, a dotted name."""
+    entry = measurements
+    for step in key.split("."):
+        entry = entry[step]
+    return entry
+
+
 def test_wrapper_is_valid_bash():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_the_default_plan_leaves_a_margin_of_the_budget():
+    sizes = Sizes()
+    planned = sum(seconds for _, seconds in sizes.planned_s)
+    assert planned <= MARGIN * BUDGET_S, (planned, BUDGET_S)
+    assert dict(sizes.planned_s)["gpt"] == sizes.gpt_share_s
+    assert [name for name, _ in sizes.planned_s] == MEASUREMENTS[:-1]  # (e) only gathers
+
+
+def test_only_takes_parts_and_refuses_an_unknown_name_with_the_valid_ones(capsys):
+    from bench.gpu.__main__ import parse_args
+
+    args = parse_args(["--smoke", "--only", "resnet50_synthetic.eager,gpt.speed.compiled"])
+    assert args.only == "resnet50_synthetic.eager,gpt.speed.compiled"
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--smoke", "--only", "gpt.speed.compild"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown gpt.speed.compild" in error
+    assert "resnet50_synthetic.eager" in error and "gpt.speed.compiled" in error
+
+
+def test_only_runs_the_named_parts_the_groups_above_and_below(tmp_path):
+    import shutil
+
+    import torch
+
+    from bench.gpu.harness import Bench
+    from bench.gpu.sizes import SMOKE
+
+    args = argparse.Namespace(smoke=True, budget=300.0, only="resnet50_synthetic.eager,gpt.memory")
+    bench = Bench(args, SMOKE, torch.device("cpu"), tmp_path / "gpu.json")
+    shutil.rmtree(bench.tmp, ignore_errors=True)
+    chosen = {name for name in selectable() if bench.selected(name)}
+    assert chosen == {
+        "resnet50_synthetic",
+        "resnet50_synthetic.eager",
+        "gpt",
+        "gpt.memory",
+        "gpt.memory.checkpointing",
+        "gpt.memory.no_checkpointing",
+    }
+    with pytest.raises(ValueError, match="not in bench.gpu.sizes.PARTS"):
+        bench.selected("gpt.speed.fused")
 
 
 @pytest.mark.slow
 def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     env = without_wandb_and_submitit(tmp_path)
-    blocked = subprocess.run(
-        [sys.executable, "-c", "import wandb"], env=env, capture_output=True, text=True
-    )
-    assert blocked.returncode != 0 and "import of wandb halted" in blocked.stderr
+    for name in BLOCKED:
+        blocked = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True
+        )
+        assert blocked.returncode != 0 and f"import of {name} halted" in blocked.stderr
     # CIFAR-10 files where the recipe looks for them: the run-to-the-end path runs too
     write_cifar_batches(tmp_path / "data" / "cifar10", 1024, 256, python2=False)
     out = tmp_path / "out"
@@ -79,6 +139,11 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
 
     m = result["measurements"]
     assert list(m) == MEASUREMENTS
+    assert "aborted" not in result
+    for name, parts in PARTS.items():  # each part filed under its dotted name, and ran
+        for part in parts:
+            entry = part_entry(m, f"{name}.{part}")
+            assert entry["status"] == "ok", (name, part, entry)
     for name, entry in m.items():
         assert entry["status"] in ("ok", "error", "skipped", "not present"), name
         if entry["status"] == "error":
@@ -100,7 +165,8 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     assert gpu["status"] == "ok" and gpu["img_per_s"] > 0, gpu
     c = m["cifar10_fast"]
     assert c["status"] == "ok", c
-    assert c["epoch_s"] > 0 and c["projected_budget_s"] > c["epoch_s"]
+    fast = c["generated"]
+    assert fast["epoch_s"] > 0 and fast["projected_budget_s"] > fast["epoch_s"]
     real = c["real_data"]
     assert real["status"] == "ok" and real["steps"] == 6 and 0 <= real["top1"] <= 1, real
     d = m["compile_recompiles"]
@@ -144,6 +210,60 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
         "gpt.memory.checkpointing",
         "gpt.memory.no_checkpointing",
     }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stall", "only", "kept"),
+    [
+        ("resnet50_synthetic.compiled", "", ["resnet50_synthetic.eager"]),
+        (
+            "gpt.speed.compiled",
+            "gpt,memory_and_mfu",
+            [
+                "gpt.speed.eager",
+                "gpt.speed.eager_checkpointing",
+                "gpt.memory.checkpointing",
+                "gpt.memory.no_checkpointing",
+            ],
+        ),
+    ],
+)
+def test_the_watchdog_keeps_the_parts_measured_before_a_stall(tmp_path, stall, only, kept):
+    """A planted stall overruns the budget: the watchdog marks that part and its measurement
+    aborted, keeps the parts that ended (with their figures) and marks the rest not reached."""
+    env = without_wandb_and_submitit(tmp_path)
+    out = tmp_path / "out"
+    env |= {"OUT": str(out), "GPU_BENCH_PLANT_STALL": stall}
+    argv = ["bash", str(SCRIPT), "--smoke", "--budget", "120"]
+    done = subprocess.run(
+        [*argv, *(["--only", only] if only else [])],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"over the budget during {stall}" in done.stdout
+    result = json.loads((out / "gpu.json").read_text())
+    assert result["aborted"] == stall and result["finished_utc"]
+    m = result["measurements"]
+    assert list(m) == MEASUREMENTS
+    measurement = stall.split(".")[0]
+    assert m[measurement]["status"] == "aborted" and stall in m[measurement]["reason"]
+    assert part_entry(m, stall)["status"] == "aborted"
+    for key in kept:
+        entry = part_entry(m, key)
+        assert entry["status"] == "ok" and entry["seconds"] > 0, (key, entry)
+        figure = entry.get("engine", {}).get("img_per_s") or entry.get("tokens_per_s")
+        assert figure > 0, (key, entry)
+    after = MEASUREMENTS[MEASUREMENTS.index(measurement) + 1 :]
+    for name in MEASUREMENTS:
+        if name in after:
+            assert m[name] == {"status": "skipped", "reason": "not reached: over the budget"}
+        elif name != measurement:
+            assert m[name]["status"] == "skipped" and "--only" in m[name]["reason"], name
 
 
 @pytest.fixture
