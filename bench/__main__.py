@@ -25,8 +25,6 @@ from pathlib import Path
 
 import torch
 
-from bench import chart
-
 BENCHMARKS = ("decode", "overhead", "end_to_end", "startup")  # decode: when it exists
 REPO = Path(__file__).resolve().parent.parent
 VERSIONS = ("torch", "torchvision", "numpy", "pillow", "matplotlib")
@@ -80,6 +78,14 @@ def git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def version(package: str) -> str | None:
+    """The installed version, None when the package is not installed (matplotlib may not be)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def metadata(quick: bool, smoke: bool) -> dict:
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return {
@@ -88,7 +94,7 @@ def metadata(quick: bool, smoke: bool) -> dict:
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
-        "versions": {name: importlib.metadata.version(name) for name in VERSIONS},
+        "versions": {name: version(name) for name in VERSIONS},
         "torch_runtime": torch.__version__,
         "git_sha": git("rev-parse", "HEAD"),
         "git_dirty": None if dirty is None else bool(dirty),
@@ -118,13 +124,24 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines + [""] + [f"- {r['name']}: {r['note']}" for r in results])
 
 
-def write(out: Path, report: dict) -> tuple[Path, Path]:
+def write(out: Path, report: dict) -> tuple[Path, Path | None]:
+    """results.json, then chart.png (None, said in one line, without matplotlib)."""
     results_path = out / "results.json"
     results_path.write_text(json.dumps(report, indent=2) + "\n")
     title = (
         f"make bench{' --quick' if report['quick'] else ''}: {report['date']}, {report['host']}, "
         f"{report['cpu_count']} CPUs, {report['threads']} threads, torch {report['torch_runtime']}"
     )
+    try:
+        from bench import chart  # optional: matplotlib draws it; the results need none
+    except ImportError as err:
+        package = (err.name or "matplotlib").split(".")[0]
+        print(
+            f"warning: no chart: {package} is not installed (pip install matplotlib, or use "
+            "the project's venv); the results are in results.json",
+            file=sys.stderr,
+        )
+        return results_path, None
     return results_path, chart.draw(report["results"], out / "chart.png", title)
 
 
@@ -143,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     report |= {"load_average_end": os.getloadavg(), "results": results, "errors": errors}
     print("\n" + table(results))
     results_path, chart_path = write(out, report)
-    print(f"\nresults: {results_path}\nchart:   {chart_path}")
+    print(f"\nresults: {results_path}" + (f"\nchart:   {chart_path}" if chart_path else ""))
     return 1 if errors else 0
 
 

@@ -9,15 +9,33 @@ in `seed`."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+NO_SKLEARN = (
+    "the JPEG folder is made from scikit-learn's sample photographs, and scikit-learn is not "
+    "installed: pip install scikit-learn (the project's requirements.lock has it)"
+)
+
+
+def missing_photos() -> str | None:
+    """Why the photographs cannot be had (scikit-learn is not installed), or None."""
+    try:
+        found = importlib.util.find_spec("sklearn") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else NO_SKLEARN
+
 
 def _photos() -> list[Image.Image]:
-    from sklearn.datasets import load_sample_images  # optional: a site image may lack sklearn
-
+    try:
+        from sklearn.datasets import load_sample_images  # optional: a site image may lack it
+    except ImportError:
+        raise RuntimeError(NO_SKLEARN) from None
     return [Image.fromarray(pixels) for pixels in load_sample_images().images]
 
 
@@ -59,6 +77,8 @@ def main() -> None:
     parser.add_argument("--train-per-class", type=int, default=32)
     parser.add_argument("--val-per-class", type=int, default=8)
     args = parser.parse_args()
+    if reason := missing_photos():
+        sys.exit(f"error: {reason}")
     write_jpeg_folder(args.root, args.classes, args.train_per_class, args.val_per_class)
     print(args.root)
 

@@ -32,7 +32,7 @@ from engine.recipe import Recipe
 from engine.score import score
 from engine.setup import amp_dtype
 from engine.spawn import spawn_local
-from engine.tracking import redact, wandb_env_overrides, wandb_mode
+from engine.tracking import redact, wandb_env_overrides, wandb_missing_note, wandb_mode
 from engine.train import PeerFailure, train
 
 USAGE = (
@@ -215,6 +215,8 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     Neither writes anything."""
     if request.check:
         preflight(cfg, request.check)
+        if note := wandb_missing_note(cfg.log):
+            print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)
         if request.data_here and finetune.wanted(cfg.model):
             finetune.source_of(cfg.model)  # model.init_from or model.weights' cached file

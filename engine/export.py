@@ -116,6 +116,8 @@ def check_out(out: Path, force: bool) -> Path:
         raise ExportError(
             f"{out}: unknown format {out.suffix or '(no suffix)'}; use .pt or .safetensors"
         )
+    if out.suffix == ".safetensors":
+        _save_safetensors()  # missing: said before any checkpoint is read
     if out.is_dir():
         raise ExportError(f"{out} is a directory; name the file to write")
     if out.exists() and not force:
@@ -300,10 +302,8 @@ def write(tensors: dict[str, torch.Tensor], out: Path, info: dict[str, Any]) -> 
     os.close(fd)
     try:
         if out.suffix == ".safetensors":
-            from safetensors.torch import save_file  # optional: only for .safetensors
-
             metadata = {key: str(value) for key, value in info.items()}
-            save_file(_unshared(tensors), tmp, metadata=metadata)
+            _save_safetensors()(_unshared(tensors), tmp, metadata=metadata)
         else:
             torch.save(tensors, tmp)
         with open(tmp, "rb+") as f:
@@ -312,6 +312,18 @@ def write(tensors: dict[str, torch.Tensor], out: Path, info: dict[str, Any]) -> 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _save_safetensors():
+    """safetensors' save_file, or a one-line error naming the fix when it is not installed."""
+    try:
+        from safetensors.torch import save_file  # optional: only for .safetensors
+    except ImportError:
+        raise ExportError(
+            "writing .safetensors needs the safetensors package, which is not installed: pip "
+            "install safetensors (the project's requirements.lock has it), or export to .pt"
+        ) from None
+    return save_file
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -149,7 +149,10 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         from safetensors.torch import load_file  # optional: only for .safetensors
     except ImportError:
-        raise ConfigError(f"{path}: reading .safetensors needs the safetensors package") from None
+        raise ConfigError(
+            f"{path}: reading .safetensors needs the safetensors package, which is not "
+            "installed: pip install safetensors (the project's requirements.lock has it)"
+        ) from None
     try:
         return load_file(str(path))
     except Exception as err:

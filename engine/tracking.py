@@ -1,8 +1,10 @@
 """What a run leaves behind: metrics.jsonl, env.json, a W&B run, a progress display.
 Only rank 0 creates these; other ranks get a Tracker that does nothing.
 
-W&B never stops training: `auto` falls back to offline when W&B cannot be reached, and a
-W&B failure mid-run is reported once and W&B is then left out. Credentials from the
+W&B never stops training: `auto` falls back to offline when W&B cannot be reached and is off
+(said once) when the wandb package is not installed, and a W&B failure mid-run is reported
+once and W&B is then left out. An explicit online or offline without wandb is a one-line
+error in preflight. Credentials from the
 environment are redacted from everything a run records.
 
 W&B's own variables are honoured: WANDB_MODE, WANDB_PROJECT and WANDB_ENTITY set log.wandb,
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import netrc
 import os
@@ -92,6 +95,7 @@ WANDB_TIMEOUTS = {"init_timeout": 30.0, "finish_timeout": 300.0}
 # WANDB_MODE's values (those wandb itself takes) as log.wandb's.
 WANDB_MODES = {"disabled": "off", "offline": "offline", "online": "online", "dryrun": "offline"}
 WANDB_KEYS = {"WANDB_PROJECT": "log.project", "WANDB_ENTITY": "log.entity"}
+DEFAULT_WANDB_URL = "https://api.wandb.ai"  # wandb's own default server
 
 
 def wandb_env_overrides(environ: Mapping[str, str]) -> list[str]:
@@ -117,11 +121,39 @@ def wandb_root(run_dir: Path) -> Path:
     return run_dir
 
 
+def wandb_installed() -> bool:
+    """Whether the wandb package can be found; imports nothing (importing it takes seconds)."""
+    try:
+        return importlib.util.find_spec("wandb") is not None
+    except (ImportError, ValueError):  # a broken parent package, a module without a spec
+        return False
+
+
+def wandb_missing_note(cfg: LogConfig) -> str | None:
+    """The note rank 0 gives once when log.wandb=auto turned W&B off for want of wandb."""
+    if cfg.wandb != "auto" or wandb_installed():
+        return None
+    return (
+        "note: log.wandb=auto: wandb is not installed, so W&B logging is off (pip install "
+        "wandb, or set log.wandb=off to silence this)"
+    )
+
+
 def wandb_mode(cfg: LogConfig) -> str:
-    """auto: online when there are credentials and W&B answers, else offline. online: both,
-    or a one-line error. Checked in preflight, before anything is written."""
-    if cfg.wandb in ("off", "offline"):
-        return cfg.wandb
+    """auto: online when there are credentials and W&B answers, else offline; off when wandb
+    is not installed. online: both, or a one-line error. online or offline without wandb: a
+    one-line error. Checked in preflight, before anything is written."""
+    if cfg.wandb == "off":
+        return "off"
+    if not wandb_installed():
+        if cfg.wandb == "auto":
+            return "off"  # said once by rank 0's Tracker (wandb_missing_note)
+        raise ConfigError(
+            f"log.wandb={cfg.wandb} but wandb is not installed: pip install wandb (the "
+            "project's requirements.lock has it), or set log.wandb=off"
+        )
+    if cfg.wandb == "offline":
+        return "offline"
     url = wandb_base_url()
     if not has_wandb_credentials(url):
         if cfg.wandb == "online":
@@ -152,8 +184,10 @@ def offline_reason(cfg: LogConfig) -> str:
 def wandb_base_url() -> str:
     if url := os.environ.get("WANDB_BASE_URL"):
         return url.rstrip("/")
-    import wandb  # start-up time: seconds, only for runs that log to W&B
-
+    try:
+        import wandb  # start-up time: seconds, only for runs that log to W&B
+    except ImportError:  # installed but broken: wandb.init fails too, and says why
+        return DEFAULT_WANDB_URL
     return wandb.Settings().base_url  # this wandb version's default server
 
 
@@ -270,6 +304,8 @@ class Tracker:
         self._truncate_after(resume_step)
         self.metrics = self.metrics_path.open("a")
         self.wandb = None
+        if mode == "off" and (note := wandb_missing_note(cfg)):
+            log(note)
         if mode != "off":
             self.wandb = self._start_wandb(cfg, mode, redact(config))
 
@@ -387,9 +423,11 @@ class Tracker:
 
 def _abandon_wandb() -> None:
     """Drop wandb's process-wide state after a failure. Its teardown also unregisters the
-    exit hook that would otherwise print a traceback for a dead service at exit."""
-    import wandb  # start-up time: seconds, only for runs that log to W&B
-
+    exit hook that would otherwise print a traceback for a dead service at exit. Nothing to
+    drop when wandb was never imported (or could not be)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None:
+        return
     with contextlib.suppress(Exception):
         wandb.teardown()
 

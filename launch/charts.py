@@ -29,6 +29,10 @@ TRAIN_PANELS = (  # record key, title
 )
 
 
+class NoMatplotlib(UserError):
+    """matplotlib is not installed: no chart, said in one line (code 1)."""
+
+
 @dataclass
 class Band:
     """A curve over seeds: the mean at each step and the sample std (None for one seed)."""
@@ -62,9 +66,9 @@ def _canvas(path: Path, size_px: tuple[int, int], cols: int, rows: int = 1) -> I
     try:
         import matplotlib  # optional: only charts need it
     except ImportError:
-        raise UserError(
-            "the charts need matplotlib, which is not installed here; run make venv "
-            "(it installs requirements.lock)",
+        raise NoMatplotlib(
+            "the charts need matplotlib, which is not installed here: pip install matplotlib, "
+            "or use the project's venv (make venv installs requirements.lock)",
             code=1,
         ) from None
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional

@@ -58,7 +58,8 @@ def slurm_support() -> ModuleType:
         from launch import slurm  # optional: a login node may lack submitit
     except ImportError as err:
         raise UserError(
-            f"{err.name or 'submitit'} is not installed here (make venv installs it); "
-            "`make sbatch` prints a hand-written batch script that needs no Python to submit"
+            f"{err.name or 'submitit'} is not installed here: pip install submitit, or use the "
+            "project's venv (make venv installs it); `make sbatch` prints a hand-written batch "
+            "script that needs no Python to submit"
         ) from None
     return slurm

@@ -145,19 +145,23 @@ def row(run: Run, columns: list[str], keys: list[str], headline: str) -> str:
     return "| " + " | ".join(text.replace("|", "\\|") for text in cells) + " |"
 
 
-def markdown(found: list[Run], chart: str, headline: str) -> str:
+def markdown(found: list[Run], chart: str | None, headline: str) -> str:
+    """The summary; `chart` is the chart's file name (None: no chart, no picture)."""
     columns = metric_columns(found, headline)
     keys = runs.differing(found)
     head = ["run", "status", *columns, "time", "world size", "git", "differs"]
     differs = ", ".join(keys) if keys else "nothing"
     if len(found) == 1:
         differs = "one run, nothing to compare"
-    lines = [
-        f"# Runs: {', '.join(r.name for r in found)}",
-        "",
+    picture = [
         f"![Training loss, learning rate, evaluation metrics, samples/s and data-wait "
         f"fraction against optimizer steps]({chart})",
         "",
+    ]
+    lines = [
+        f"# Runs: {', '.join(r.name for r in found)}",
+        "",
+        *(picture if chart else []),
         "| " + " | ".join(head) + " |",
         "|---|---|" + "---:|" * (len(columns) + 2) + "---|---|",
         *(row(run, columns, keys, headline) for run in found),
@@ -193,12 +197,17 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
         print(f"launch: warning: {printable(note)}", file=sys.stderr)
     headline = runs.shared_headline(found)
     title = textwrap.shorten("Runs: " + ", ".join(r.name for r in found), 160, placeholder=" ...")
+    chart: str | None = png.name
     try:
-        charts.draw_runs(found, labels(found), headline, png, title)
-        md.write_text(markdown(found, png.name, headline.key))
+        try:
+            charts.draw_runs(found, labels(found), headline, png, title)
+        except charts.NoMatplotlib as err:  # the table is written all the same
+            print(f"launch: warning: no chart: {err}", file=sys.stderr)
+            chart = None
+        md.write_text(markdown(found, chart, headline.key))
     except OSError as err:
         raise UserError(
             f"cannot write the report in {parent} ({err.strerror}); make it writable", code=1
         ) from None
-    print(f"{png}\n{md}")
+    print(f"{png}\n{md}" if chart else md)
     return 0

@@ -16,7 +16,7 @@ from bench.gpu.engine_runs import close_run, engine_run, engine_steps, has_key, 
 from bench.gpu.harness import Bench, Skip, attempt, cpu_count, get, timed
 from bench.gpu.resnet import resnet_overrides
 from bench.gpu.sizes import TARGETS
-from bench.jpegs import write_jpeg_folder
+from bench.jpegs import missing_photos, write_jpeg_folder
 
 
 def _write_part(job: tuple) -> None:
@@ -58,6 +58,8 @@ def jpeg_folder(bench: Bench) -> dict:
     `links` times under train/: an epoch long enough for the timed steps."""
     if "jpeg" in bench.cache:
         return bench.cache["jpeg"]
+    if reason := missing_photos():
+        raise Skip(reason)
     s = bench.sizes
     started = time.perf_counter()
     procs = max(1, min(cpu_count(), 16))

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from engine.config import bounded
+from engine.config import ConfigError, bounded
 
 SPLIT_SEED = 20240611
 
@@ -39,8 +39,17 @@ class Digits(Dataset):
 
 def digits_table() -> tuple[np.ndarray, np.ndarray]:
     """(1797 8x8 images with values 0-16, labels): the CSV scikit-learn ships, read directly,
-    as its load_digits() does; importing sklearn.datasets would add seconds to every start."""
-    spec = importlib.util.find_spec("sklearn")
+    as its load_digits() does; importing sklearn.datasets would add seconds to every start.
+    Without scikit-learn, a one-line error that names it."""
+    try:
+        spec = importlib.util.find_spec("sklearn")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "recipe digits reads the digits data that scikit-learn ships, and scikit-learn is "
+            "not installed: pip install scikit-learn (the project's requirements.lock has it)"
+        )
     table = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
     if not table.exists():  # another scikit-learn layout: its own loader
         from sklearn.datasets import load_digits  # start-up time: seconds, rarely needed

@@ -1,0 +1,268 @@
+"""Optional packages never break training: a machine with torch and torchvision alone (a GPU
+benchmark machine, a site image) lacks wandb, submitit, safetensors, matplotlib or
+scikit-learn. Real processes in which a sitecustomize.py makes those modules unimportable
+(`sys.modules[name] = None`, as tests/bench/test_gpu_script.py does): what needs none of them
+works; what needs one is a single line naming the fix, with no traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO, engine_env, launch, records, run_dir, run_engine
+
+WANDB_NOTE = (
+    "note: log.wandb=auto: wandb is not installed, so W&B logging is off (pip install wandb, "
+    "or set log.wandb=off to silence this)"
+)
+
+
+def without(tmp_path: Path, *modules: str) -> str:
+    """A PYTHONPATH under which `modules` cannot be imported (the repository after it)."""
+    site = tmp_path / f"without-{'-'.join(modules)}"
+    site.mkdir()
+    blocked = "".join(f"sys.modules[{name!r}] = None\n" for name in modules)
+    (site / "sitecustomize.py").write_text(f"import sys\n{blocked}")
+    return f"{site}:{REPO}"
+
+
+def env_without(tmp_path: Path, *modules: str, **extra: str) -> dict[str, str]:
+    return engine_env(PYTHONPATH=without(tmp_path, *modules), **extra)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_the_blocking_works(tmp_path):
+    env = env_without(tmp_path, "wandb", "safetensors")
+    for name in ("wandb", "safetensors"):
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True
+        )
+        assert done.returncode != 0 and "halted; None in sys.modules" in done.stderr
+
+
+# ---------------------------------------------------------------- wandb
+
+
+SPAWN_2 = pytest.param(["--spawn", "2"], id="spawn-2", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("spawn", [pytest.param([], id="one-process"), SPAWN_2])
+def test_auto_without_wandb_trains_and_says_so_once(tmp_path, spawn):
+    env = env_without(tmp_path, "wandb")
+    steps = ["train.max_steps=3", "log.every_steps=1", "log.progress=off"]
+    out = run_engine(tmp_path, "auto", "log.wandb=auto", *steps, *spawn, env=env)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines().count(WANDB_NOTE) == 1, out.stderr  # rank 0 only, once
+    assert [r["step"] for r in records(tmp_path, "auto", "train")] == [1, 2, 3]
+    assert records(tmp_path, "auto", "eval")
+    folder = run_dir(tmp_path, "auto")
+    assert (folder / "summary.json").exists() and not (folder / "wandb").exists()
+    assert not (folder / "wandb-id.txt").exists()
+
+
+def test_off_without_wandb_says_nothing_about_it(tmp_path):
+    out = run_engine(tmp_path, "off", "train.max_steps=1", env=env_without(tmp_path, "wandb"))
+    assert "log.wandb=off" in out.args  # QUIET's
+    assert "wandb is not installed" not in out.stderr and "W&B" not in out.stderr, out.stderr
+
+
+def test_check_without_wandb_says_the_note(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.train", "digits", "device=cpu", "--check", "2"],
+        cwd=REPO,
+        env=env_without(tmp_path, "wandb"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "config ok for 2 processes"
+    assert error_lines(done.stderr) == [WANDB_NOTE]
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+@pytest.mark.parametrize("spawn", [[], ["--spawn", "2"]], ids=["one-process", "spawn-2"])
+def test_wandb_asked_for_without_wandb_is_one_line_before_anything_is_written(
+    tmp_path, mode, spawn
+):
+    env = env_without(tmp_path, "wandb")
+    out = run_engine(tmp_path, "asked", f"log.wandb={mode}", *spawn, env=env, check=False)
+    assert out.returncode == 2, out.stderr
+    assert error_lines(out.stderr) == [
+        f"error: log.wandb={mode} but wandb is not installed: pip install wandb (the project's "
+        "requirements.lock has it), or set log.wandb=off"
+    ]
+    assert not run_dir(tmp_path, "asked").exists()
+
+
+def test_wandb_mode_offline_from_the_environment_without_wandb_is_one_line(tmp_path):
+    env = env_without(tmp_path, "wandb", WANDB_MODE="offline")
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.train", "digits", "device=cpu", f"run.root={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = error_lines(done.stderr)
+    assert line.startswith("error: log.wandb=offline but wandb is not installed")
+    assert not (tmp_path / "digits").exists()
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    run_engine(root, "w", "train.max_steps=2")
+    return run_dir(root, "w")
+
+
+def export(source: Path, out: Path, env: dict[str, str]):
+    return subprocess.run(
+        [sys.executable, "-m", "engine.export", str(source), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_export_without_safetensors_is_one_line_and_pt_still_works(tmp_path, trained):
+    env = env_without(tmp_path, "safetensors")
+    out = tmp_path / "exports" / "w.safetensors"
+    done = export(trained, out, env)
+    assert done.returncode == 2, done.stderr
+    assert error_lines(done.stderr) == [
+        "error: writing .safetensors needs the safetensors package, which is not installed: "
+        "pip install safetensors (the project's requirements.lock has it), or export to .pt"
+    ]
+    assert not out.parent.exists() or not list(out.parent.iterdir())  # no file, no leftover
+
+    done = export(trained, tmp_path / "w.pt", env)
+    assert done.returncode == 0, done.stderr
+    weights = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert weights and all(isinstance(t, torch.Tensor) for t in weights.values())
+
+
+def test_scoring_a_safetensors_file_without_safetensors_is_one_line(tmp_path, trained):
+    file = tmp_path / "w.safetensors"
+    assert export(trained, file, engine_env()).returncode == 0  # written where it is installed
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.train", "digits", "device=cpu", "--eval", str(file)],
+        cwd=REPO,
+        env=env_without(tmp_path, "safetensors"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = error_lines(done.stderr)
+    assert line.startswith(f"error: {file}: reading .safetensors needs the safetensors package")
+    assert line.endswith("pip install safetensors (the project's requirements.lock has it)")
+    assert not list(tmp_path.glob("*.eval.json"))
+
+
+# ---------------------------------------------------------------- submitit
+
+
+def test_slurm_submission_without_submitit_is_one_line(tmp_path):
+    pythonpath = without(tmp_path, "submitit")
+    for args in (["submit", "--dry-run"], ["submit"], ["sweep", "--slurm", "--dry-run"]):
+        done = launch(*args, "--gpus", "0", PYTHONPATH=pythonpath)
+        assert done.returncode == 2, done.stderr
+        (line,) = error_lines(done.stderr)
+        assert line.startswith("launch: submitit is not installed here: pip install submitit")
+        assert "make sbatch" in line
+
+
+def test_local_launch_needs_neither_submitit_nor_wandb(tmp_path):
+    pythonpath = without(tmp_path, "submitit", "wandb")
+    config = launch("config", "--gpus", "0", PYTHONPATH=pythonpath)
+    assert config.returncode == 0 and "Traceback" not in config.stderr, config.stderr
+    assert "recipe: digits" in config.stdout
+    overrides = [f"run.root={tmp_path}", "run.name=t", "train.max_steps=2", "log.progress=off"]
+    done = launch("train", "--gpus", "0", "--", *overrides, PYTHONPATH=pythonpath)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines().count(WANDB_NOTE) == 1
+    assert json.loads((run_dir(tmp_path, "t") / "summary.json").read_text())
+
+
+# ---------------------------------------------------------------- matplotlib
+
+
+def test_report_without_matplotlib_writes_the_table_and_says_why_no_chart(tmp_path, trained):
+    done = launch("report", str(trained), PYTHONPATH=without(tmp_path, "matplotlib"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    (line,) = error_lines(done.stderr)
+    assert line.startswith("launch: warning: no chart: the charts need matplotlib")
+    assert "pip install matplotlib" in line
+    md = trained.parent / "report-w.md"
+    assert done.stdout.strip() == str(md)
+    text = md.read_text()
+    assert "| w | finished |" in text and "![" not in text
+
+
+def test_bench_report_without_matplotlib_keeps_the_results(tmp_path):
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from bench.__main__ import write\n"
+        "report = {'quick': True, 'date': 'd', 'host': 'h', 'cpu_count': 1, 'threads': 1, "
+        "'torch_runtime': 't', 'results': []}\n"
+        "paths = write(Path(sys.argv[1]), report)\n"
+        "print(json.dumps([str(p) if p else None for p in paths]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        env=env_without(tmp_path, "matplotlib"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [str(tmp_path / "results.json"), None]
+    (line,) = error_lines(done.stderr)
+    assert line.startswith("warning: no chart: matplotlib is not installed (pip install")
+    assert not (tmp_path / "chart.png").exists()
+
+
+# ---------------------------------------------------------------- scikit-learn
+
+
+def test_digits_without_sklearn_is_one_line_before_anything_is_written(tmp_path):
+    env = env_without(tmp_path, "sklearn")
+    out = run_engine(tmp_path, "d", env=env, check=False)
+    assert out.returncode == 2, out.stderr
+    assert error_lines(out.stderr) == [
+        "error: recipe digits reads the digits data that scikit-learn ships, and scikit-learn "
+        "is not installed: pip install scikit-learn (the project's requirements.lock has it)"
+    ]
+    assert not run_dir(tmp_path, "d").exists()
+
+
+def test_bench_jpegs_without_sklearn_is_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.jpegs", str(tmp_path / "jpegs")],
+        cwd=REPO,
+        env=env_without(tmp_path, "sklearn"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    (line,) = error_lines(done.stderr)
+    assert line.startswith("error: the JPEG folder is made from scikit-learn's sample")
+    assert "pip install scikit-learn" in line
+    assert not (tmp_path / "jpegs").exists()
