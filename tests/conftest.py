@@ -1,7 +1,9 @@
 """Suite-wide rules. In CI (CI=true) a skipped test is a failure: whatever a test needs,
 .ci/run must install and start it. The one thing no CI machine here has, a CUDA device, is
 asked for by the `gpu` marker: such tests are deselected (and counted as such) without one,
-and bench/gpu.sh runs them on a machine with a GPU."""
+and bench/gpu.sh runs them on a machine with a GPU. A test marked gpu(cpu_stand_in=True) can
+also run on the CPU in its own reduced form: GPU_TESTS_ON_CPU=1 keeps it (to check the test
+itself before its one run on a GPU)."""
 
 import os
 
@@ -25,7 +27,13 @@ def pytest_collection_modifyitems(config, items):
 
     if torch.cuda.is_available():
         return
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    stand_in = os.environ.get("GPU_TESTS_ON_CPU") == "1"
+
+    def needs_cuda(item) -> bool:
+        marker = item.get_closest_marker("gpu")
+        return marker is not None and not (stand_in and marker.kwargs.get("cpu_stand_in"))
+
+    gpu = [item for item in items if needs_cuda(item)]
     if gpu:
         config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        items[:] = [item for item in items if not needs_cuda(item)]
