@@ -34,7 +34,8 @@ class Strategy:
 
 
 def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
-    """The strategy that runs. fsdp in one process trains unsharded."""
+    """The strategy that runs. fsdp in one process trains unsharded, ddp without a wrapper:
+    there is nothing to shard or all-reduce, and the run can go back to several processes."""
     if requested == "dp" and denv.distributed:
         raise ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
     if requested == "none" and denv.distributed:
@@ -43,6 +44,8 @@ def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
         return Strategy("ddp" if denv.distributed else "none")
     if requested == "fsdp":
         return Strategy("fsdp" if denv.distributed else "none", fsdp=True)
+    if requested == "ddp" and not denv.distributed:
+        return Strategy("none")
     return Strategy(requested)
 
 

@@ -240,8 +240,11 @@ def assert_captured(counters, module: nn.Module) -> None:
 
 
 def test_ddp_with_static_graph_compiled_trains_like_eager_ddp(
-    tmp_path, one_process_group, compiler
+    tmp_path, one_process_group, compiler, monkeypatch
 ):
+    # In one process the engine trains dist.strategy=ddp without the wrapper; DDP over a
+    # group of one is what is under test.
+    monkeypatch.setattr(P, "resolve_strategy", lambda requested, denv: Strategy("ddp"))
     options = [*GPT, "dist.strategy=ddp", "dist.static_graph=true"]
     eager_run = build(tmp_path, "gpt", False, *options)
     assert isinstance(eager_run.model, nn.parallel.DistributedDataParallel)
