@@ -71,11 +71,15 @@ def wrap(
     amp: torch.dtype | None,
 ) -> tuple[nn.Module, nn.Module]:
     """(the model to train, the model to evaluate). Activation checkpointing first, then
-    sharding or replication, compilation last for DDP: dynamo's DDPOptimizer then splits the
-    graph at DDP's buckets so gradients are all-reduced while the backward pass runs.
-    Evaluation compiles the bare model (no DDP in its graph) for static shapes: one graph at
-    the eval batch size (the loop pads the last batch). Under FSDP each block is compiled
-    before it is sharded, and the same (sharded) model evaluates."""
+    sharding or replication. Evaluation runs a compiled bare model (no DDP in its graph) for
+    static shapes: one graph at the eval batch size (the loop pads the last batch).
+
+    Under DDP the bare model is compiled in place, inside the wrapper: dynamo's DDPOptimizer
+    applies to any frame compiled while a DDP forward is active, so the graph is still split
+    at DDP's buckets and gradients are all-reduced while the backward pass runs. Compiling DDP
+    from outside graph-breaks at DDP's own forward, and resumes in the model's forward, which
+    dynamo skips when it is torch's code (an nn.Sequential): such a model ran uncompiled.
+    Under FSDP each block is compiled before it is sharded, and the same model evaluates."""
     compiled = compile_enabled(cfg.train.compile, device)
     if cfg.train.activation_checkpointing:
         from engine.parallel.activations import checkpoint_blocks  # start-up time
@@ -91,11 +95,14 @@ def wrap(
             model, blocks, fsdp.device_mesh(device, denv.world_size), cfg.dist, amp
         )
         return sharded, sharded
+    if strategy.name == "ddp":
+        if compiled:
+            model.compile(dynamic=False)  # one static graph per shape: training's, evaluation's
+        return ddp_wrap(model, cfg.dist, device, accum_steps), model
     eval_model = torch.compile(model, dynamic=False) if compiled else model
     if strategy.name == "dp":  # DataParallel replicates per call, which dynamo cannot trace
         return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
-    wrapped = ddp_wrap(model, cfg.dist, device, accum_steps) if strategy.name == "ddp" else model
-    return (torch.compile(wrapped) if compiled else wrapped), eval_model
+    return (torch.compile(model) if compiled else model), eval_model
 
 
 def ddp_wrap(model: nn.Module, dcfg: DistConfig, device: torch.device, accum_steps: int):

@@ -251,13 +251,29 @@ def test_ddp_with_static_graph_compiled_trains_like_eager_ddp(
     eager = train(eager_run)
     assert graphs(compiler) == 0
     run = build(tmp_path, "gpt", True, *options)
-    assert isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule)
-    ddp = run.model._orig_mod
+    # the bare model compiled in place, inside DDP (engine.parallel.wrap says why)
+    ddp = run.model
     assert isinstance(ddp, nn.parallel.DistributedDataParallel) and ddp.module is run.bare
+    assert run.bare._compiled_call_impl is not None and run.eval_model is run.bare
     assert ddp.static_graph and eager_run.model.static_graph
     compiled = train(run)
     assert_captured(compiler, run.bare)
     assert_matches_eager(compiled, eager, FP32)
+
+
+def test_ddp_compiles_a_model_whose_forward_is_torchs_own_whole(
+    tmp_path, one_process_group, compiler, monkeypatch, cifar_root
+):
+    """airbench is an nn.Sequential: compiled from outside DDP, dynamo would skip its forward
+    (torch's code) after the graph break at DDP's forward and capture one leaf."""
+    monkeypatch.setattr(P, "resolve_strategy", lambda requested, denv: Strategy("ddp"))
+    options = [*CIFAR, f"data.root={cifar_root}", "dist.strategy=ddp"]
+    eager = train(build(tmp_path, "cifar10", False, *options))
+    run = build(tmp_path, "cifar10", True, *options)
+    assert isinstance(run.bare, nn.Sequential) and run.model.module is run.bare
+    compiled = train(run)
+    assert_captured(compiler, run.bare)
+    assert_matches_eager(compiled, eager, FP32_POOLED)
 
 
 def test_fsdp_with_each_block_compiled_trains_like_eager_fsdp(
