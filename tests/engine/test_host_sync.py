@@ -111,6 +111,8 @@ class Watch(TorchFunctionMode):
             for f in traceback.extract_stack()
             if not (f.filename == __file__ and f.name in watch)
             and not f.filename.endswith("torch/overrides.py")
+            and "/_pytest/" not in f.filename
+            and "/pluggy/" not in f.filename
         ]
         where = "".join(traceback.format_list(frames[-8:]))
         self.syncs.append(Sync(self.step, what, where))
