@@ -5,15 +5,18 @@ back once; checkpoints and evaluation (epoch ends) may sync as they need.
 
 Run on the CPU, so the test has to say which tensors would live on the accelerator. The run
 is set up on torch.device("cpu", 0), which the engine treats as any other device and a
-torch function mode (torch.overrides.TorchFunctionMode) can tell apart from the plain CPU:
+torch function mode (torch.overrides.TorchFunctionMode) can tell apart from the plain CPU;
+under the mode a device tensor's `.device` is that device too:
 
-- device tensors: everything that existed before the steps began (weights, buffers, optimizer
-  state, the on-device dataset, first_bad_step), tensors made with an explicit `device=`,
-  tensors moved with .to(<the run's device>), and whatever an operation makes from at least
-  one device tensor;
-- host tensors: made during the steps without a device (the sampler's permutation, the
-  loader's batches, RNG states), moved with .cpu() or .to("cpu"), and whatever is made from
-  host tensors only; also EMA's `n_averaged`, which AveragedModel keeps on the CPU.
+- device tensors: the run's state on its device when the steps begin (the weights and
+  buffers of the model and of its EMA, optimizer state, first_bad_step, an on-device
+  dataset's tensors), tensors made with an explicit `device=`, tensors moved with
+  .to(<the run's device>), and whatever an operation makes from at least one device tensor;
+- host tensors: every other tensor made before the steps (a CPU dataset, EMA's
+  `n_averaged`, which AveragedModel keeps on the CPU, torchvision's mixing distributions),
+  tensors made during the steps without a device (the sampler's permutation, the loader's
+  batches, RNG states), moved with .cpu() or .to("cpu"), and whatever is made from host
+  tensors only.
 
 A call counts as a sync when it reads a device tensor on the host (item, tolist, bool, int,
 float, index, cpu, numpy, formatting), builds a device tensor from Python data
@@ -21,7 +24,8 @@ float, index, cpu, numpy, formatting), builds a device tensor from Python data
 non_blocking, or needs the device's data for a shape (nonzero, masked_select, unique,
 repeat_interleave without output_size, indexing by a boolean device tensor). Each is
 attributed to the step whose work is under way (from the loader's first micro batch of a
-step to that of the next), with its stack."""
+step to that of the next), with its stack. The mode sees calls made from Python: a sync
+inside one of torch's own C++ operators would not show here."""
 
 from __future__ import annotations
 
@@ -39,10 +43,12 @@ from torch.utils._pytree import tree_flatten
 from engine import distributed as D
 from engine import train as T
 from engine.catalog import load_config
+from engine.data.device import DeviceLoader
 from engine.setup import setup
 from tests.datagen_cifar import write_cifar_batches
 
 RUN_DEVICE = torch.device("cpu", 0)
+DEVICE_OF = torch.Tensor.device.__get__
 READS = {
     "item",
     "tolist",
@@ -59,11 +65,11 @@ READS = {
 }
 SHAPE_FROM_DATA = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
 MOVES = {"to", "cuda", "copy_"}
-MARK = "_host_sync_test_host"  # True: host tensor; False or absent: device tensor
+MARK = "_host_sync_test_host"  # True or absent: host tensor; False: device tensor
 
 
 def is_host(t: torch.Tensor) -> bool:
-    return getattr(t, MARK, False)
+    return getattr(t, MARK, True)
 
 
 def mark(out, host: bool) -> None:
@@ -77,13 +83,20 @@ def tensors_in(args, kwargs) -> list[torch.Tensor]:
     return [a for a in flat if isinstance(a, torch.Tensor)]
 
 
-def target_device(args, kwargs):
-    """The device a .to()/.cuda() call names, if any."""
+def names_device(args, kwargs) -> bool | None:
+    """Whether a .to() call moves to the run's device (True), to the host (False), or names
+    no device (None: a dtype). The string "cpu" and a host tensor name the host; a device
+    object names the run's device: the engine passes run.device, a device tensor reports it
+    (DEVICE_OF), and torch's own code passes devices it took from tensors in C++, which
+    read as the plain CPU here (a host tensor moved with a host tensor's .device object,
+    a no-op, would be counted: the step path has none)."""
     for a in [*args[1:], kwargs.get("device")]:
-        if isinstance(a, (str, torch.device)):
-            return torch.device(a) if isinstance(a, str) else a
+        if isinstance(a, str):
+            return torch.device(a) == RUN_DEVICE
+        if isinstance(a, torch.device):
+            return True
         if isinstance(a, torch.Tensor):  # .to(other): other's device and dtype
-            return RUN_DEVICE if not is_host(a) else torch.device("cpu")
+            return not is_host(a)
     return None
 
 
@@ -119,6 +132,8 @@ class Watch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is DEVICE_OF and not is_host(args[0]):
+            return RUN_DEVICE  # so that .to(t.device) and device=t.device name the device
         name = getattr(func, "__name__", str(func))
         inputs = tensors_in(args, kwargs)
         on_device = [t for t in inputs if not is_host(t)]
@@ -127,13 +142,8 @@ class Watch(TorchFunctionMode):
         if name in ("cpu", "numpy"):
             host = True
         elif name in ("to", "cuda") and inputs and inputs[0] is args[0]:
-            dest = target_device(args, kwargs)
-            if name == "cuda" or dest == RUN_DEVICE:
-                host = False
-            elif isinstance(dest, torch.device) and any(isinstance(a, str) for a in args[1:]):
-                host = True  # .to("cpu"): a copy to the host
-            else:  # a dtype, or a device object of the plain CPU: where it was
-                host = is_host(args[0])
+            dest = True if name == "cuda" else names_device(args, kwargs)
+            host = is_host(args[0]) if dest is None else not dest
         elif not inputs:  # a factory: on the device only when told so
             host = kwargs.get("device") is None
         else:
@@ -161,9 +171,9 @@ class Watch(TorchFunctionMode):
         elif name in MOVES and first is not None and not kwargs.get("non_blocking", False):
             if name == "copy_":
                 src = args[1]
-                if not is_host(first) and is_host(src):
+                if not is_host(first) and isinstance(src, torch.Tensor) and is_host(src):
                     self.flag("copy_ of a host tensor into a device tensor, blocking")
-            elif is_host(first) and (name == "cuda" or target_device(args, kwargs) == RUN_DEVICE):
+            elif is_host(first) and (name == "cuda" or names_device(args, kwargs)):
                 self.flag(f"Tensor.{name}(device) of a host tensor, blocking")
 
 
@@ -222,6 +232,17 @@ def engine_run(recipe: str, overrides: list[str], variant: str = ""):
                 os.close(run.lock_fd)
 
 
+def device_state(run) -> list[torch.Tensor]:
+    """The tensors a run holds on its device as its steps begin."""
+    modules = [run.model, run.bare] + ([run.ema.module] if run.ema is not None else [])
+    held = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    held += tree_flatten(list(run.optimizer.state.values()))[0] + [run.first_bad_step]
+    data = run.loader.data if isinstance(run.loader, DeviceLoader) else None
+    if data is not None:
+        held += [data.images, data.labels, data.mean, data.std]
+    return [t for t in held if isinstance(t, torch.Tensor)]
+
+
 def watched_steps(run, steps: int) -> tuple[Watch, Clock]:
     """`steps` optimizer steps of the engine's own loop (train_epoch) under the watch; the
     epoch is long enough that no epoch end (evaluation, checkpoint) falls among them."""
@@ -229,8 +250,7 @@ def watched_steps(run, steps: int) -> tuple[Watch, Clock]:
     run.total_steps = run.cfg.train.stop_at_step = steps  # stop_at_step: a checkpoint after
     watch, clock = Watch(), Clock()
     run.loader = CountedLoader(run.loader, run, watch)
-    if run.ema is not None:
-        mark(run.ema.n_averaged, host=True)  # AveragedModel's count lives on the CPU
+    mark(device_state(run), host=False)
     checkpoint = T.checkpoint
 
     def checkpoint_unwatched(r):  # saving may read the device: not a step's cost
@@ -274,8 +294,9 @@ DIGITS = ["train.batch_size=32", "log.every_steps=3", "model.width=8"]
         ["train.micro_batch_size=8"],  # 4 accumulation steps
         ["ema.decay=0.9", "ema.warmup_steps=2"],  # copies, then averages
         ["train.grad_clip=1.0", "train.label_smoothing=0.1"],
+        ["mix.mixup_alpha=0.2", "mix.cutmix_alpha=1.0", "train.micro_batch_size=16"],
     ],
-    ids=["default", "accumulation", "ema", "clip"],
+    ids=["default", "accumulation", "ema", "clip", "mix"],
 )
 def test_digits_steps_never_wait_for_the_device(extra):
     steps = 7
@@ -332,7 +353,8 @@ def test_the_watch_catches_a_read_of_the_loss_and_names_where():
 
 def test_the_watch_tells_host_tensors_from_device_tensors():
     watch = Watch()
-    weights = torch.ones(3)  # made before the watch: a device tensor
+    weights = torch.ones(3)
+    mark(weights, host=False)  # as the model's weights are
     with watch:
         host = torch.arange(3)  # no device: the host
         host.sum().item()  # a CPU read: no sync
