@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-BENCHMARKS = ("decode", "overhead", "end_to_end", "startup")  # decode: when it exists
+BENCHMARKS = ("decode", "overhead", "host_step", "end_to_end", "startup")  # decode: when it exists
 REPO = Path(__file__).resolve().parent.parent
 VERSIONS = ("torch", "torchvision", "numpy", "pillow", "matplotlib")
 

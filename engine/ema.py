@@ -13,7 +13,9 @@ from engine.config import EmaConfig
 
 
 def build_ema(model: nn.Module, cfg: EmaConfig) -> AveragedModel | None:
-    """The average of the bare model (on its device), buffers (BN statistics) included."""
+    """The average of the bare model (on its device), buffers (BN statistics) included.
+    Its count `n_averaged` stays on the CPU (AveragedModel makes it there): update_ema reads
+    it every update, which costs no device sync there."""
     if cfg.decay <= 0:
         return None
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.decay), use_buffers=True)
@@ -22,12 +24,31 @@ def build_ema(model: nn.Module, cfg: EmaConfig) -> AveragedModel | None:
 @torch.no_grad()
 def update_ema(ema: AveragedModel | None, model: nn.Module, step: int, cfg: EmaConfig) -> None:
     """After optimizer step `step` (1-based): every `every_steps`; a copy during warmup, as
-    torchvision's reference does, so the average starts from trained weights."""
+    torchvision's reference does, so the average starts from trained weights.
+
+    AveragedModel.update_parameters's arithmetic, without its copy of n_averaged to the
+    device (a blocking copy every update, which the EMA function never reads): a copy while
+    n_averaged is 0, else the EMA function on each group of one device and dtype."""
     if ema is None or step % cfg.every_steps:
         return
     if step <= cfg.warmup_steps:
-        ema.n_averaged.zero_()  # AveragedModel copies the weights when n_averaged is 0
-    ema.update_parameters(model)
+        ema.n_averaged.zero_()  # copy the weights, as AveragedModel does when n_averaged is 0
+    averaged = [*ema.module.parameters(), *ema.module.buffers()]
+    current = [t.detach() for t in (*model.parameters(), *model.buffers())]
+    if len(averaged) != len(current):
+        raise ValueError("the EMA's module and the model hold different tensors")
+    if int(ema.n_averaged) == 0:  # a CPU tensor: no device sync
+        for a, c in zip(averaged, current, strict=True):
+            a.detach().copy_(c.to(a.device))
+    else:
+        groups: dict[tuple, tuple[list, list]] = {}
+        for a, c in zip(averaged, current, strict=True):
+            mine, theirs = groups.setdefault((a.device, a.dtype), ([], []))
+            mine.append(a.detach())
+            theirs.append(c.to(a.device))
+        for mine, theirs in groups.values():
+            ema.multi_avg_fn(mine, theirs, None)  # the EMA function ignores the count
+    ema.n_averaged += 1
 
 
 def ema_state(ema: AveragedModel) -> dict:

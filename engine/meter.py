@@ -41,6 +41,7 @@ class Meter:
     def reset(self) -> None:
         self.loss = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
+        self.norms: list[torch.Tensor] = []  # per step, not yet checked (engine.train)
         self.steps = self.samples = 0
         self.wait = 0.0
         self.started = time.perf_counter()
@@ -48,11 +49,13 @@ class Meter:
     def add(self, loss: torch.Tensor, norm: torch.Tensor, samples: int) -> None:
         self.loss += loss
         self.grad_norm += norm
+        self.norms.append(norm)
         self.steps += 1
         self.samples += samples
 
-    def record(self, run: Run, loss_over_ranks: float) -> dict:
-        """The window's record, given the window's loss summed over the ranks."""
+    def record(self, run: Run, loss_over_ranks: float, grad_norm: float) -> dict:
+        """The window's record, given the window's loss summed over the ranks and its
+        gradient norms summed (the same on every rank), both read by the caller at once."""
         loss = loss_over_ranks / run.denv.world_size
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         st = run.state
@@ -61,7 +64,7 @@ class Meter:
             "step": st.step,
             "epoch": st.epoch,
             "loss": loss / self.steps,
-            "grad_norm": self.grad_norm.item() / self.steps,  # the same on every rank
+            "grad_norm": grad_norm / self.steps,
             "lr": run.optimizer.param_groups[0]["lr"],
             "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,

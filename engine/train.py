@@ -49,7 +49,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     accum = len(micro_batches)
     scale = run.denv.world_size / global_count(run, micro_batches)
     smoothing = run.cfg.train.label_smoothing
-    total = torch.zeros((), device=run.device)
+    total = None
     for j, batch in enumerate(micro_batches):
         x, y = run.to_device(batch.x, batch.y, run.train_data)
         if run.mix is not None:
@@ -63,7 +63,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
             if injected_nan(run):
                 loss = loss * float("nan")
             run.scaler.scale(loss).backward()
-        total += loss.detach()
+        total = loss.detach() if total is None else total + loss.detach()
     norm = gradient_norm(run)
     if apply_step(run, norm):
         run.scaler.step(run.optimizer)
@@ -113,19 +113,30 @@ def gradient_norm(run: Run) -> torch.Tensor:
 
 def apply_step(run: Run, norm: torch.Tensor) -> bool:
     """Whether to take the optimizer step. fp16: the scaler skips non-finite steps itself.
-    nan_policy=skip reads the norm (one host sync per step); stop only records the first bad
-    step on the device, read back at log intervals and before each checkpoint."""
-    if run.scaler.is_enabled():
+    nan_policy=skip reads the norm (one host sync per step); stop takes the step and leaves
+    the norm to the meter: the window's norms are checked together, on the device, before
+    each log record and checkpoint (note_bad_steps), and read back there."""
+    if run.scaler.is_enabled() or run.cfg.train.nan_policy != "skip":
         return True
-    if run.cfg.train.nan_policy == "skip":
-        if torch.isfinite(norm).item():
-            return True
-        run.state.skipped_steps += 1
-        log(f"warning: non-finite gradients at step {run.state.step + 1}; step skipped")
-        return False
-    bad = ~torch.isfinite(norm) & (run.first_bad_step == 0)
-    run.first_bad_step = torch.where(bad, run.state.step + 1, run.first_bad_step)
-    return True
+    if torch.isfinite(norm).item():
+        return True
+    run.state.skipped_steps += 1
+    log(f"warning: non-finite gradients at step {run.state.step + 1}; step skipped")
+    return False
+
+
+def note_bad_steps(run: Run, meter: Meter) -> None:
+    """nan_policy=stop: the first step among the meter's unchecked norms whose gradients were
+    not finite into run.first_bad_step (unless one is there already): a few operations per
+    window on the device, none per step, and no host sync (check_finite reads it)."""
+    norms, meter.norms = meter.norms, []
+    if not norms or run.scaler.is_enabled() or run.cfg.train.nan_policy == "skip":
+        return
+    bad = ~torch.isfinite(torch.stack(norms))
+    first = run.state.step - len(norms) + 1  # the norms are those of the latest steps
+    step = first + torch.argmax(bad.to(torch.uint8))  # argmax: the first of equal maxima
+    new = bad.any() & (run.first_bad_step == 0)
+    run.first_bad_step = torch.where(new, step, run.first_bad_step)
 
 
 # ---------------------------------------------------------------- epochs
@@ -156,19 +167,33 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
         reason = stop_reason(run)
         every = cfg.ckpt.every_steps
         if reason or (every and st.step % every == 0 and st.position < epoch_end):
+            note_bad_steps(run, meter)
             checkpoint(run)
         if reason:
             return reason
+    note_bad_steps(run, meter)  # the epoch's last norms, before its checkpoint
     return None
 
 
 def log_window(run: Run, meter: Meter) -> dict:
-    """The logging window's record (collectives: the loss and the bad-sample count summed
-    over ranks), written; a non-finite step stops the run here."""
-    loss = D.all_reduce_sum(meter.loss.detach().clone().reshape(1)).item()
-    check_finite(run)
-    flush_bad_count(run)
-    record = meter.record(run, loss)
+    """The logging window's record (a collective: the loss and the replaced-sample count
+    summed over ranks), written; a non-finite step stops the run here. One host sync: the
+    loss, that count, the gradient norm and the non-finite flag are read back together."""
+    note_bad_steps(run, meter)
+    summed = meter.loss.detach().clone().reshape(1)
+    if run.skip_bad:  # filled on the device from a host int: no copy from Python data
+        summed = torch.cat([summed, summed.new_full((1,), float(run.pending_bad))])
+    D.all_reduce_sum(summed)
+    norm, bad = meter.grad_norm.detach(), run.first_bad_step != 0
+    local = torch.stack([norm.to(summed.dtype), bad.to(summed.dtype)])
+    loss, *rest = torch.cat([summed, local]).tolist()
+    *count, grad_norm, bad = rest
+    if bad:
+        check_finite(run)
+    if count:
+        run.state.bad_samples += int(count[0])
+        run.pending_bad = 0
+    record = meter.record(run, loss, grad_norm)
     run.tracker.write(record)
     return record
 
@@ -247,7 +272,7 @@ def flush_bad_count(run: Run) -> None:
     """Sum the ranks' replaced-sample counts into the state (a collective with skip_bad)."""
     if not run.skip_bad:
         return
-    pending = torch.tensor([float(run.pending_bad)], device=run.device)
+    pending = torch.full((1,), float(run.pending_bad), device=run.device)
     run.state.bad_samples += int(D.all_reduce_sum(pending).item())
     run.pending_bad = 0
 

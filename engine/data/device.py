@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch.utils.data import Dataset
 
-from engine.data.sampler import Sample
+from engine.data.sampler import Keys, Sample
 from engine.seeding import derive_seed
 
 M32 = 0xFFFFFFFF
@@ -109,8 +109,13 @@ class DeviceImages(Dataset):
 
 
 class DeviceLoader:
-    """Iterates key batches (lists of (index, seed, epoch)) over a DeviceImages dataset and
-    yields the same (x, y, index, replaced) batches a DataLoader over SeededSamples would."""
+    """Iterates key batches (the sampler's Keys, or lists of (index, seed, epoch)) over a
+    DeviceImages dataset and yields the same (x, y, index, replaced) batches a DataLoader over
+    SeededSamples would: x and y on the device, index and replaced on the host (CPU int64),
+    as the loop reads them there (sample-id logs, skip_bad counts) without a device sync.
+
+    The indices reach the device without stalling the host: a CPU tensor, pinned, copied
+    asynchronously (a tensor built from Python data on a CUDA device is a blocking copy)."""
 
     def __init__(self, data: DeviceImages, batches: Iterable, train: bool):
         self.data, self.batches, self.train = data, batches, train
@@ -122,7 +127,21 @@ class DeviceLoader:
     def __iter__(self):
         device = self.data.images.device
         for keys in self.batches:
-            index = torch.tensor([k[0] for k in keys], device=device)
-            epoch = keys[0][2]
-            x, y = self.data.batch(index, self.seed if self.train else None, epoch)
-            yield Sample(x, y, index, torch.zeros_like(index))
+            if isinstance(keys, Keys):
+                index, epoch = keys.index, keys.epoch
+            else:
+                index, epoch = torch.tensor([k[0] for k in keys], dtype=torch.long), keys[0][2]
+            x, y = self.data.batch(
+                to_device(index, device), self.seed if self.train else None, epoch
+            )
+            yield Sample(x, y, index, torch.zeros(len(index), dtype=torch.long))
+
+
+def to_device(index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on the device, without waiting: pinned first where the copy needs it
+    (CUDA's caching host allocator keeps the pinned block until the copy has run)."""
+    if device.type == "cpu":
+        return index
+    if device.type == "cuda":
+        index = index.pin_memory()
+    return index.to(device, non_blocking=True)

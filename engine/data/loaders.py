@@ -6,19 +6,20 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from engine.config import LoaderConfig
 from engine.data.device import DeviceImages, DeviceLoader
 from engine.data.errors import BadSample, DataError
-from engine.data.sampler import GlobalBatchSampler, Sample, eval_batches, eval_shard
+from engine.data.sampler import GlobalBatchSampler, Keys, Sample, eval_batches, eval_shard
 from engine.seeding import derive_seed, seed_sample, worker_init
 
 MAX_REPLACEMENTS = 16  # consecutive unreadable files before a run gives up even with skip_bad
 
 
 class SeededSamples(Dataset):
-    """Takes (index, sample seed, epoch) keys; returns Samples.
+    """Takes (index, sample seed, epoch) keys; returns Samples (a batch of them for the
+    training sampler's Keys).
 
     Seeding per sample makes augmentation independent of which worker loads it. In the main
     process (num_workers=0) torch's RNG state is restored afterwards, so model-side randomness
@@ -28,13 +29,17 @@ class SeededSamples(Dataset):
 
     A file that cannot be decoded (BadSample) stops the run with its path, or with skip_bad is
     replaced by the next readable sample (index + 1, + 2, ...) loaded with the same seed: a
-    deterministic replacement, so resume and world-size invariance still hold."""
+    deterministic replacement, so resume and world-size invariance still hold.
+
+    A dataset that loads whole batches (whole_batches: a TensorDataset, or `load_batch`)
+    is indexed once per training batch: it draws no randomness, so nothing is seeded."""
 
     def __init__(self, dataset: Dataset, python_numpy: bool = False, skip_bad: bool = False):
         self.dataset = dataset
         self.python_numpy = python_numpy
         self.skip_bad = skip_bad
         self.warned: set[str] = set()
+        self.whole = whole_batches(dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -72,9 +77,14 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int, int, int]) -> Sample:
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: list[tuple[int, int, int]]) -> list[Sample]:
-        """A whole micro batch at once (the DataLoader calls this when it exists), so the
-        caller's RNG state is saved and restored once per batch, not once per sample."""
+    def __getitems__(self, keys: Keys | list[tuple[int, int, int]]) -> Sample | list[Sample]:
+        """A whole micro batch at once (the DataLoader calls this when it exists). The
+        training sampler's Keys come back as one collated batch (collate passes it through);
+        a list of keys (evaluation) as a list of Samples, for the collate. The caller's RNG
+        state is saved and restored once per batch, not once per sample, and not at all for
+        a dataset that loads whole batches (it draws nothing)."""
+        if isinstance(keys, Keys) and self.whole is not None:
+            return self._whole_batch(keys)
         if torch.utils.data.get_worker_info() is not None:
             return self._load_batch(keys)
         saved = torch.default_generator.get_state()
@@ -83,19 +93,58 @@ class SeededSamples(Dataset):
         finally:
             torch.default_generator.set_state(saved)
 
-    def _load_batch(self, keys: list[tuple[int, int, int]]) -> list[Sample]:
+    def _set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.dataset, "set_epoch", None)  # e.g. progressive resizing
         if set_epoch is not None:
-            set_epoch(keys[0][2])  # the keys of a batch share their epoch
-        return [self._load(index, sample_seed) for index, sample_seed, _ in keys]
+            set_epoch(epoch)
+
+    def _whole_batch(self, keys: Keys) -> Sample:
+        """One indexing op for the batch: no per-sample seeding, record or collate."""
+        self._set_epoch(keys.epoch)
+        x, y = self.whole(keys.index)
+        return Sample(x, y, keys.index, torch.zeros(len(keys), dtype=torch.long))
+
+    def _load_batch(self, keys: Keys | list[tuple[int, int, int]]) -> Sample | list[Sample]:
+        if not isinstance(keys, Keys):
+            self._set_epoch(keys[0][2])  # the keys of a batch share their epoch
+            return [self._load(index, sample_seed) for index, sample_seed, _ in keys]
+        self._set_epoch(keys.epoch)
+        xs, ys, replaced = [], [], []
+        for index, sample_seed in zip(keys.index.tolist(), keys.seeds(), strict=True):
+            x, y, _, r = self._load(index, sample_seed)
+            xs.append(x)
+            ys.append(y)
+            replaced.append(r)
+        # as default_collate of the Samples would make it, field by field
+        return Sample(
+            collate_x(xs), default_collate(ys), keys.index, torch.tensor(replaced, dtype=torch.long)
+        )
 
 
-def collate(samples: list[Sample]) -> Sample:
-    """default_collate, except for samples whose x type brings its own `collate` (a batch the
-    dataset finishes on the device, e.g. gpu_decode's EncodedImage); y, index and replaced
-    collate as always."""
-    collate_x = getattr(type(samples[0].x), "collate", None)
-    if collate_x is None:
+def whole_batches(dataset: Dataset):
+    """The dataset's loader of whole batches, index tensor -> (x, y), where it has one: a
+    TensorDataset of (x, y), or a dataset's own `load_batch(index)`, which declares that it
+    returns default_collate([dataset[i] for i in index]) bit for bit, draws no randomness
+    and cannot meet an unreadable sample. None: samples are loaded (and seeded) one by one."""
+    if type(dataset) is TensorDataset and len(dataset.tensors) == 2:
+        tensors = dataset.tensors
+        return lambda index: (tensors[0][index], tensors[1][index])
+    return getattr(dataset, "load_batch", None)
+
+
+def collate_x(xs: list):
+    """default_collate, or the x type's own `collate` (a batch the dataset finishes on the
+    device, e.g. gpu_decode's EncodedImage)."""
+    own = getattr(type(xs[0]), "collate", None)
+    return default_collate(xs) if own is None else own(xs)
+
+
+def collate(samples: list[Sample] | Sample) -> Sample:
+    """default_collate, except for samples whose x type brings its own `collate`; y, index
+    and replaced collate as always. A batch loaded whole (training's Keys) passes through."""
+    if isinstance(samples, Sample):
+        return samples
+    if getattr(type(samples[0].x), "collate", None) is None:
         return default_collate(samples)
     y, index, replaced = default_collate([(s.y, s.index, s.replaced) for s in samples])
     return Sample(collate_x([s.x for s in samples]), y, index, replaced)

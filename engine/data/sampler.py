@@ -7,7 +7,8 @@ resumes on any W' that divides the global batch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -53,10 +54,49 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
     return torch.randperm(n, generator=gen)
 
 
+class Keys(Sequence):
+    """One micro batch's keys, (dataset index, sample seed, epoch) each, held per batch: the
+    indices as a CPU int64 tensor (a slice of the epoch's permutation), the epoch, and the
+    epoch's seed base (sample i's seed is (base + i) mod 2**63). A sequence of those tuples
+    for whoever reads them one by one; a loader that works on whole batches reads `index`
+    and never builds a tuple per sample. The epoch travels with the keys so that
+    epoch-dependent loading (progressive resizing) works in persistent workers, which never
+    see the sampler."""
+
+    __slots__ = ("index", "epoch", "base")
+
+    def __init__(self, index: torch.Tensor, epoch: int, base: int):
+        self.index, self.epoch, self.base = index, epoch, base
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def seeds(self) -> list[int]:
+        base = self.base
+        return [(base + i) % 2**63 for i in self.index.tolist()]
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return list(self)[k]
+        i = int(self.index[k])
+        return (i, (self.base + i) % 2**63, self.epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return zip(self.index.tolist(), self.seeds(), itertools.repeat(self.epoch))
+
+    def __repr__(self) -> str:
+        return f"Keys({self.index.tolist()}, epoch={self.epoch}, base={self.base})"
+
+    def __reduce__(self):  # to a worker as a list: no shared-memory tensor per batch
+        return (_keys, (self.index.tolist(), self.epoch, self.base))
+
+
+def _keys(index: list[int], epoch: int, base: int) -> Keys:
+    return Keys(torch.tensor(index, dtype=torch.long), epoch, base)
+
+
 class GlobalBatchSampler(torch.utils.data.Sampler):
-    """Yields this rank's micro batches as lists of (dataset index, sample seed, epoch) keys.
-    The epoch travels with each key so that epoch-dependent loading (progressive resizing)
-    works in persistent workers, which never see the sampler."""
+    """Yields this rank's micro batches as Keys: (dataset index, sample seed, epoch) each."""
 
     def __init__(self, n: int, plan: BatchPlan, rank: int, seed: int):
         if n < plan.global_batch:
@@ -79,22 +119,21 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
         remaining = self.steps_per_epoch - self.start // self.plan.global_batch
         return remaining * self.plan.accum_steps
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        perm = epoch_permutation(self.seed, self.epoch, self.n).tolist()
+    def __iter__(self) -> Iterator[Keys]:
+        perm = epoch_permutation(self.seed, self.epoch, self.n)
         base = derive_seed(self.seed, self.epoch)  # sample i's seed: base + i
         plan, b = self.plan, self.plan.global_batch
         for first in range(self.start, self.steps_per_epoch * b, b):
             mine = first + self.rank * plan.per_rank
             for j in range(plan.accum_steps):
                 lo = mine + j * plan.micro_batch
-                yield [
-                    (i, (base + i) % 2**63, self.epoch) for i in perm[lo : lo + plan.micro_batch]
-                ]
+                yield Keys(perm[lo : lo + plan.micro_batch], self.epoch, base)
 
 
 class Sample(NamedTuple):
-    """One loaded sample for a key; the default collate turns a list of them into a batch of
-    the same shape. `replaced` is 1 where an unreadable file was replaced (data.skip_bad)."""
+    """One loaded sample for a key, or a batch of them (each field collated: index and
+    replaced as int64 tensors). `replaced` is 1 where an unreadable file was replaced
+    (data.skip_bad)."""
 
     x: Any
     y: Any

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE_NAMES = {
     "overhead: digits": "overhead",
     "overhead: resnet18 64px synthetic": "overhead",
+    "host time per step: Linear, batch 512": "host_step",
     "end to end: imagenet resnet18 64px JPEGs": "end_to_end",
     "start-up: make train digits": "startup",
 }
@@ -91,7 +92,7 @@ def test_report_records_the_run(smoke):
     for name in ("torch", "torchvision", "matplotlib"):
         assert report["versions"][name] == importlib.metadata.version(name)
     assert len(report["git_sha"]) == 40
-    assert set(report["seconds_each"]) >= {"overhead", "end_to_end", "startup"}
+    assert set(report["seconds_each"]) >= {"overhead", "host_step", "end_to_end", "startup"}
 
 
 @pytest.mark.slow
