@@ -213,7 +213,7 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when the flag is set on any rank (a collective: call on all ranks)."""
     if not dist.is_initialized():
         return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    t = torch.full((1,), 1.0 if flag else 0.0, device=device)  # a fill: no copy from the host
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
