@@ -175,6 +175,9 @@ class LoaderConfig:
     pin_memory: bool = True  # only takes effect on CUDA
     persistent_workers: bool = True  # keep the workers alive from one epoch to the next
     prefetch_factor: int = bounded(2, ge=1)  # batches each worker loads ahead
+    # Steps whose batches data.decode=gpu decodes on the device ahead of the training step,
+    # in a thread on a CUDA stream of its own (CUDA, with loader workers); 0: in the step.
+    decode_ahead: int = bounded(1, ge=0, le=8)
     # Also seed python's `random` and numpy per sample, for augmentations that draw from them
     # (torch's RNG is always seeded per sample).
     seed_python_numpy: bool = False

@@ -10,6 +10,7 @@ from torch import nn
 
 from engine import distributed as D
 from engine.data.loaders import eval_loader
+from engine.data.prefetch import finish_ahead
 from engine.run import Run
 from engine.tracking import Progress
 
@@ -66,6 +67,8 @@ def evaluate(run: Run, model: nn.Module) -> dict:
         run.device,
         run.skip_bad,
     )
+    ahead = run.cfg.loader.decode_ahead
+    loader = finish_ahead(loader, run.eval_data, run.device, ahead, run.memory_format)
     names = [*run.task.metrics, "count"]
     totals, seen = sum_batches(run, model, loader, names)
     D.all_reduce_sum(totals)

@@ -16,6 +16,7 @@ from torch import nn
 from engine import config as C
 from engine import distributed as D
 from engine.data.mix import BatchMix
+from engine.data.prefetch import Finished
 from engine.data.sampler import GlobalBatchSampler
 from engine.parallel import Strategy
 from engine.recipe import Recipe
@@ -89,9 +90,15 @@ class Run:
 
     def to_device(self, x, y: torch.Tensor, dataset) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch on the device, in the model's memory format. A dataset may finish its
-        batches there (`finish_on_device`: uint8 images normalised, or JPEG bytes decoded)."""
+        batches there (`finish_on_device`: uint8 images normalised, or JPEG bytes decoded);
+        a batch the loader finished ahead (engine.data.prefetch) is taken as it is."""
         finish = getattr(dataset, "finish_on_device", None)
-        x = finish(x, self.device) if finish else x.to(self.device, non_blocking=True)
+        if isinstance(x, Finished):
+            x = x.tensor
+        elif finish:
+            x = finish(x, self.device)
+        else:
+            x = x.to(self.device, non_blocking=True)
         if x.ndim == 4:
             x = x.contiguous(memory_format=self.memory_format)
         return x, y.to(self.device, non_blocking=True)

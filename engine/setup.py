@@ -21,6 +21,7 @@ from engine.data import shm
 from engine.data.device import DeviceImages
 from engine.data.loaders import SeededSamples, train_loader
 from engine.data.mix import build_mix
+from engine.data.prefetch import finish_ahead
 from engine.data.sampler import BatchPlan, GlobalBatchSampler, plan_batches
 from engine.ema import build_ema
 from engine.meter import speed_inputs
@@ -210,7 +211,13 @@ def assemble(
         scheduler=build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch),
         scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
         sampler=sampler,
-        loader=train_loader(train_data, sampler, cfg.loader, device, skip_bad),
+        loader=finish_ahead(
+            train_loader(train_data, sampler, cfg.loader, device, skip_bad),
+            train_data,
+            device,
+            cfg.loader.decode_ahead * plan.accum_steps,
+            placed.layout,
+        ),
         train_data=train_data,
         eval_data=eval_data,
         task=recipe.task.for_model(cfg.model),

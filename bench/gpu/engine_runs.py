@@ -61,6 +61,10 @@ def close_run(run) -> None:
         with contextlib.suppress(OSError):
             os.close(run.lock_fd)
         run.lock_fd = None
+    close = getattr(run.loader, "close", None)  # loader.decode_ahead's thread, first
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
     iterator = getattr(run.loader, "_iterator", None)  # persistent loader workers
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         with contextlib.suppress(Exception):

@@ -37,6 +37,7 @@ SAFE_TO_CHANGE = (
     "loader.pin_memory",
     "loader.persistent_workers",
     "loader.prefetch_factor",
+    "loader.decode_ahead",
     "train.epochs",
     "train.max_steps",
     "train.stop_at_step",

@@ -1,12 +1,25 @@
 """JPEG decoding on the training device (`data.decode: gpu`): the loader workers only read each
 file's bytes, take its size from the header and draw the sample's augmentation; the training
 device decodes the whole batch at once (torchvision.io.decode_jpeg: nvJPEG on CUDA), then
-crops, resizes, flips and normalises it there.
+crops, resizes, flips and normalises it there. On CUDA, with loader workers, that is done for
+the next batches while the step runs, by a thread on a stream of its own (engine.data.prefetch,
+loader.decode_ahead).
 
 The augmentation is drawn with the CPU pipeline's own RNG calls (RandomResizedCrop's
 make_params, then the flip's draw), and applied with the same functions, so on the CPU the
-batches are bitwise those of `decode: cpu` for the same seeds. On CUDA, nvJPEG's IDCT and the
-resize's float kernels round differently from libjpeg-turbo and the CPU's uint8 resize.
+batches are bitwise those of `decode: cpu` for the same seeds.
+
+On CUDA the batch is augmented at once, with the arithmetic torchvision uses there image by
+image: torchvision resizes a uint8 image on CUDA by converting it to float32, resizing
+(bilinear, antialiased), rounding and converting back. Here each crop (a view) is converted
+and resized in float32 straight into its slot of one float batch, then the whole batch is
+rounded, clamped (a no-op) and flipped, and normalised without the trip through uint8: bitwise
+torchvision's per-image result, in 2 kernels per image instead of 4 to 5 (evaluation: 3
+instead of 4). What differs from `decode: cpu`: nvJPEG's IDCT and chroma upsampling round
+differently from libjpeg-turbo, and the CPU resizes uint8 with its own integer kernel (AVX2,
+AVX-512, ARM); on the same decoded pixels the float resize differs from that kernel by at most
+one level (of 255), in about 13% of the values (measured on photographs, training crops and
+evaluation alike: tests/engine/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
 
 Files the device is not given: whatever PIL's header does not show as a colour JPEG (PNGs
 named .JPEG, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,
@@ -37,8 +50,11 @@ from engine.data.images import (
     ImageAugment,
     TrainTransform,
     eval_transform,
+    interpolation,
     normalise_on_device,
 )
+
+BILINEAR = InterpolationMode.BILINEAR  # RandomResizedCrop's here: check_augment refuses others
 
 END_OF_IMAGE = b"\xff\xd9"
 
@@ -190,6 +206,8 @@ class DeviceDecodedFiles(ImageFiles):
     """An ImageFiles whose samples are EncodedImages (train: with their crop and flip drawn;
     eval: none), decoded and augmented on the device by finish_on_device."""
 
+    finishes_ahead = True  # worth a thread and stream of its own (engine.data.prefetch)
+
     def __init__(
         self,
         index: FolderIndex,
@@ -228,22 +246,102 @@ class DeviceDecodedFiles(ImageFiles):
 
     def images_on_device(self, x: EncodedBatch, device: torch.device) -> torch.Tensor:
         """The batch decoded and augmented: uint8 NCHW on the device."""
-        images = decode_batch(x, device)
-        if self.train:
-            plans = zip(images, x.boxes, x.flips, strict=True)
-            images = [_crop_flip(im, box, flip, x.size) for im, box, flip in plans]
-        else:
-            images = [self.transform(im) for im in images]  # resize, centre crop: no draws
-        return torch.stack(images)
+        images = self._augmented(x, device)
+        return images if images.dtype == torch.uint8 else images.to(torch.uint8)
 
     def finish_on_device(self, x: EncodedBatch, device: torch.device) -> torch.Tensor:
         """The batch decoded, augmented and normalised: float32 NCHW on the device."""
-        return normalise_on_device(self.images_on_device(x, device), device, self.mean, self.std)
+        return normalise_on_device(self._augmented(x, device), device, self.mean, self.std)
+
+    def _augmented(self, x: EncodedBatch, device: torch.device) -> torch.Tensor:
+        """uint8 NCHW (the CPU), or float32 NCHW holding the same whole levels 0..255 (CUDA:
+        normalised without a round trip through uint8)."""
+        images = decode_batch(x, device)
+        if self.train:
+            return crop_flip_batch(images, x.boxes, x.flips, x.size)
+        return resize_centre_crop_batch(images, self.transform, self.cfg)
 
 
-def _crop_flip(image: torch.Tensor, box, flip: bool, size: int) -> torch.Tensor:
-    """What RandomResizedCrop(size, antialias=True) and the flip do with these parameters."""
-    image = F.resized_crop(
-        image, *box, size=[size, size], interpolation=InterpolationMode.BILINEAR, antialias=True
-    )
-    return F.horizontal_flip(image) if flip else image
+def resizes_in_float(device: torch.device) -> bool:
+    """Where the batched float path runs: wherever torchvision's bilinear resize of a uint8
+    image goes through float32 anyway (CUDA). The CPU keeps torchvision's own per-image call
+    (its uint8 kernel where the CPU has one), so that decode=gpu there is decode=cpu bitwise."""
+    return device.type != "cpu"
+
+
+def crop_flip_batch(
+    images: list[torch.Tensor], boxes, flips: list[bool], size: int, in_float: bool | None = None
+) -> torch.Tensor:
+    """What RandomResizedCrop(size, antialias=True) and the flip do to each image with its
+    drawn box and flip, for the whole batch. in_float (default: resizes_in_float): each crop,
+    a view, is resized in float32 straight into its slot of one batch, then the batch is
+    rounded, clamped and flipped at once: torchvision's uint8 -> float -> resize -> round ->
+    uint8 per image, without the per-image rounding, conversion and flip."""
+    if not images:
+        raise ValueError("an empty batch")
+    device = images[0].device
+    in_float = resizes_in_float(device) if in_float is None else in_float
+    if not in_float:
+        crops = [
+            F.resized_crop(im, *box, size=[size, size], interpolation=BILINEAR, antialias=True)
+            for im, box in zip(images, boxes, strict=True)
+        ]
+        return _flip(torch.stack(crops), flips)
+    batch = torch.empty(len(images), 3, size, size, dtype=torch.float32, device=device)
+    for k, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
+        crop = F.crop(image, top, left, height, width)[None]  # a view (or padded, outside)
+        slot = batch[k : k + 1]
+        if (height, width) == (size, size):  # torchvision does not resize: copied as is
+            slot.copy_(crop)
+        else:
+            _resize_into(crop.float(), size, slot)
+    return _flip(_whole_levels(batch), flips)
+
+
+def _resize_into(image: torch.Tensor, size: int, out: torch.Tensor) -> None:
+    """F.interpolate(image, [size, size], mode="bilinear", align_corners=False,
+    antialias=True), torchvision's resize of a float image, written into `out` (the same
+    kernel: no copy of the result)."""
+    torch.ops.aten._upsample_bilinear2d_aa.out(image, [size, size], False, None, None, out=out)
+
+
+def resize_centre_crop_batch(
+    images: list[torch.Tensor], transform, cfg: ImageAugment, in_float: bool | None = None
+) -> torch.Tensor:
+    """eval_transform(cfg) (resize the shorter side, centre crop) on each image, for the
+    whole batch. in_float (default: resizes_in_float): each image resized in float32, its
+    centre copied into one batch, then the batch rounded and clamped at once."""
+    if not images:
+        raise ValueError("an empty batch")
+    device = images[0].device
+    in_float = resizes_in_float(device) if in_float is None else in_float
+    if not in_float:
+        return torch.stack([transform(im) for im in images])  # resize, centre crop: no draws
+    size = cfg.eval_size
+    batch = torch.empty(len(images), 3, size, size, dtype=torch.float32, device=device)
+    for k, image in enumerate(images):
+        resized = F.resize(image.float(), [cfg.eval_resize], interpolation(cfg), antialias=True)
+        if min(resized.shape[-2:]) < size:  # the crop would pad: torchvision's own steps
+            resized = transform(image)
+        batch[k].copy_(F.center_crop(resized, [size, size]))
+    return _whole_levels(batch)
+
+
+def _whole_levels(batch: torch.Tensor) -> torch.Tensor:
+    """What torchvision's conversion back to uint8 after its float resize keeps: rounded (half
+    to even, as its round_), in 0..255 (its clamp for bicubic; a no-op for bilinear, whose
+    weights are >= 0 and sum to 1)."""
+    return batch.round_().clamp_(0, 255)
+
+
+def _flip(batch: torch.Tensor, flips: list[bool]) -> torch.Tensor:
+    """The samples drawn to flip, mirrored, in one pass over the batch."""
+    if not any(flips):
+        return batch
+    if all(flips):
+        return batch.flip(-1)
+    mask = torch.tensor(flips, dtype=torch.bool)
+    if batch.device.type == "cuda":  # pinned: the copy does not wait for the stream
+        mask = mask.pin_memory()
+    mask = mask.to(batch.device, non_blocking=True).view(-1, 1, 1, 1)
+    return torch.where(mask, batch.flip(-1), batch)
