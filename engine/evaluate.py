@@ -100,7 +100,7 @@ def sum_batches(run: Run, model: nn.Module, loader, names: list[str]):
         if run.cfg.log.sample_ids:
             seen += batch.index.tolist()
         x, y = run.to_device(batch.x, batch.y, run.eval_data)
-        keep = (batch.replaced == 0).to(device)
+        keep = (batch.replaced == 0).to(device, non_blocking=True)
         sums = run.task.eval_sums(predict(run, model, x)[: len(y)], y)
         kept = [sums[name].double()[keep].sum() for name in names]
         totals += torch.stack([*kept, keep.sum().double(), (~keep).sum().double()])
