@@ -10,7 +10,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -59,12 +59,16 @@ def paired_ratio(measured: list[float], baseline: list[float]) -> float:
 
 
 @contextlib.contextmanager
-def engine_run(recipe: str, overrides: list[str]) -> Iterator[tuple[Run, Recipe]]:
+def engine_run(
+    recipe: str, overrides: list[str], replace: Callable[[Recipe], Recipe] | None = None
+) -> Iterator[tuple[Run, Recipe]]:
     """The engine's Run (and the recipe) for one process on the CPU, set up as `make train`
-    sets it up, its run directory in a temporary folder that is removed afterwards."""
+    sets it up, its run directory in a temporary folder that is removed afterwards.
+    `replace`: a recipe built from the named one (its config), run in its place."""
     with tempfile.TemporaryDirectory(prefix="bench-") as root:
         fixed = ["log.wandb=off", "log.progress=off", f"run.root={root}", "run.name=bench"]
         cfg, rec = load_config(recipe, [*fixed, "device=cpu", *overrides])
+        rec = replace(rec) if replace else rec
         run = setup(cfg, rec, D.DistEnv(), torch.device("cpu"))
         try:
             yield run, rec

@@ -16,12 +16,8 @@ more, and waking them is noise). Target: below 300 µs (ratio = 300 / measured, 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-import os
 import statistics
-import tempfile
 import time
 
 import torch
@@ -29,10 +25,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from bench.common import engine_epoch, result, twin_model, twin_optimizer, twin_schedule
-from engine import distributed as D
-from engine.catalog import load_config
-from engine.setup import setup
+from bench.common import (
+    engine_epoch,
+    engine_run,
+    result,
+    twin_model,
+    twin_optimizer,
+    twin_schedule,
+)
 
 TARGET_US = 300.0
 FEATURES, CLASSES, BATCH = 16, 10, 512
@@ -71,24 +71,6 @@ def tiny_recipe(recipe, n: int):
     )
 
 
-@contextlib.contextmanager
-def tiny_run(n: int, overrides: list[str]):
-    """bench.common.engine_run's set-up, with the tiny recipe in place of digits' own."""
-    with tempfile.TemporaryDirectory(prefix="bench-") as root:
-        fixed = ["log.wandb=off", "log.progress=off", f"run.root={root}", "run.name=bench"]
-        cfg, digits = load_config("digits", [*fixed, "device=cpu", *overrides])
-        recipe = tiny_recipe(digits, n)
-        run = setup(cfg, recipe, D.DistEnv(), torch.device("cpu"))
-        try:
-            yield run, recipe
-        finally:
-            run.tracker.close()
-            if run.lock_fd is not None:
-                os.close(run.lock_fd)
-            del run
-            gc.collect()
-
-
 def engine_seconds(run) -> float:
     """Seconds per optimizer step of one epoch through the engine's loop."""
     clock = engine_epoch(run)
@@ -114,7 +96,7 @@ def bare_seconds(model, optimizer, schedule, data: TensorDataset, batch: int) ->
 def measure(size: Sizes) -> dict:
     n = BATCH * size.steps
     overrides = ["train.epochs=100000", f"train.batch_size={BATCH}", "data.shift=0"]
-    with tiny_run(n, overrides) as (run, rec):
+    with engine_run("digits", overrides, lambda digits: tiny_recipe(digits, n)) as (run, rec):
         model = twin_model(run, rec)
         optimizer = twin_optimizer(run, model)
         schedule = twin_schedule(run, optimizer)

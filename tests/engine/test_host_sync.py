@@ -40,6 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from bench.common import StepClock  # stands in for the progress display
 from engine import distributed as D
 from engine import train as T
 from engine.catalog import load_config
@@ -177,23 +178,6 @@ class Watch(TorchFunctionMode):
                 self.flag(f"Tensor.{name}(device) of a host tensor, blocking")
 
 
-class Clock:
-    """Stands in for the progress display (the loop calls update after each step)."""
-
-    def __init__(self):
-        self.records: list[dict] = []
-
-    def update(self, step: int, record: dict | None) -> None:
-        if record:
-            self.records.append(record)
-
-    def message(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class CountedLoader:
     """The run's loader, telling the watch which step's work has begun."""
 
@@ -243,12 +227,12 @@ def device_state(run) -> list[torch.Tensor]:
     return [t for t in held if isinstance(t, torch.Tensor)]
 
 
-def watched_steps(run, steps: int) -> tuple[Watch, Clock]:
+def watched_steps(run, steps: int) -> tuple[Watch, StepClock]:
     """`steps` optimizer steps of the engine's own loop (train_epoch) under the watch; the
     epoch is long enough that no epoch end (evaluation, checkpoint) falls among them."""
     assert run.sampler.steps_per_epoch > steps
     run.total_steps = run.cfg.train.stop_at_step = steps  # stop_at_step: a checkpoint after
-    watch, clock = Watch(), Clock()
+    watch, clock = Watch(), StepClock()
     run.loader = CountedLoader(run.loader, run, watch)
     mark(device_state(run), host=False)
     checkpoint = T.checkpoint

@@ -37,6 +37,12 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+def python(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python ARGS` from the repository with this environment, its output captured."""
+    command = [sys.executable, *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_the_blocking_works(tmp_path):
     env = env_without(tmp_path, "wandb", "safetensors")
     for name in ("wandb", "safetensors"):
@@ -73,13 +79,8 @@ def test_off_without_wandb_says_nothing_about_it(tmp_path):
 
 
 def test_check_without_wandb_says_the_note(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "engine.train", "digits", "device=cpu", "--check", "2"],
-        cwd=REPO,
-        env=env_without(tmp_path, "wandb"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = python(
+        *"-m engine.train digits device=cpu --check 2".split(), env=env_without(tmp_path, "wandb")
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "config ok for 2 processes"
@@ -103,14 +104,7 @@ def test_wandb_asked_for_without_wandb_is_one_line_before_anything_is_written(
 
 def test_wandb_mode_offline_from_the_environment_without_wandb_is_one_line(tmp_path):
     env = env_without(tmp_path, "wandb", WANDB_MODE="offline")
-    done = subprocess.run(
-        [sys.executable, "-m", "engine.train", "digits", "device=cpu", f"run.root={tmp_path}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = python("-m", "engine.train", "digits", "device=cpu", f"run.root={tmp_path}", env=env)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     (line,) = error_lines(done.stderr)
     assert line.startswith("error: log.wandb=offline but wandb is not installed")
@@ -128,14 +122,7 @@ def trained(tmp_path_factory) -> Path:
 
 
 def export(source: Path, out: Path, env: dict[str, str]):
-    return subprocess.run(
-        [sys.executable, "-m", "engine.export", str(source), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return python("-m", "engine.export", str(source), str(out), env=env)
 
 
 def test_export_without_safetensors_is_one_line_and_pt_still_works(tmp_path, trained):
@@ -158,13 +145,10 @@ def test_export_without_safetensors_is_one_line_and_pt_still_works(tmp_path, tra
 def test_scoring_a_safetensors_file_without_safetensors_is_one_line(tmp_path, trained):
     file = tmp_path / "w.safetensors"
     assert export(trained, file, engine_env()).returncode == 0  # written where it is installed
-    done = subprocess.run(
-        [sys.executable, "-m", "engine.train", "digits", "device=cpu", "--eval", str(file)],
-        cwd=REPO,
+    done = python(
+        *"-m engine.train digits device=cpu --eval".split(),
+        str(file),
         env=env_without(tmp_path, "safetensors"),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert done.returncode == 2, done.stderr
     (line,) = error_lines(done.stderr)
@@ -223,14 +207,7 @@ def test_bench_report_without_matplotlib_keeps_the_results(tmp_path):
         "paths = write(Path(sys.argv[1]), report)\n"
         "print(json.dumps([str(p) if p else None for p in paths]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        cwd=REPO,
-        env=env_without(tmp_path, "matplotlib"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = python("-c", script, str(tmp_path), env=env_without(tmp_path, "matplotlib"))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [str(tmp_path / "results.json"), None]
     (line,) = error_lines(done.stderr)
@@ -253,13 +230,8 @@ def test_digits_without_sklearn_is_one_line_before_anything_is_written(tmp_path)
 
 
 def test_bench_jpegs_without_sklearn_is_one_line(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.jpegs", str(tmp_path / "jpegs")],
-        cwd=REPO,
-        env=env_without(tmp_path, "sklearn"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = python(
+        "-m", "bench.jpegs", str(tmp_path / "jpegs"), env=env_without(tmp_path, "sklearn")
     )
     assert done.returncode == 1
     (line,) = error_lines(done.stderr)
