@@ -291,6 +291,29 @@ def test_non_finite_gradients_stop_before_the_next_checkpoint(root):
     assert all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
 
 
+@pytest.mark.parametrize(
+    "where, options, kept",
+    [
+        ("mid_epoch", [*SHORT, "fault.nan_at_step=5"], "step-00000004.pt"),
+        ("epoch_end", ["train.epochs=2", "ckpt.every_steps=0", "fault.nan_at_step=22"], None),
+    ],
+)
+def test_a_non_finite_step_between_log_records_never_reaches_a_checkpoint(
+    root, where, options, kept
+):
+    """nan_policy=stop checks the norms a window holds before each checkpoint, not only at
+    log records: no record falls between the bad step and the checkpoint here (digits: 22
+    steps an epoch, the second case's bad step the epoch's last)."""
+    out = run_engine(root, f"nan-{where}", *options, "log.every_steps=100", check=False)
+    assert out.returncode == 1
+    line = one_error_line(out)
+    step = options[-1].split("=")[1]
+    assert f"non-finite gradients at step {step}" in line
+    names = [p.name for p in ckpt.list_checkpoints(run_dir(root, f"nan-{where}") / "checkpoints")]
+    assert names[:1] == ([kept] if kept else [])
+    assert (kept or "no checkpoint was saved") in line
+
+
 def test_the_gradient_norm_is_logged_with_the_loss(root, reference):
     rec = records(root, "reference", "train")[0]
     assert rec["grad_norm"] > 0 and rec["loss"] > 0
