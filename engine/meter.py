@@ -41,7 +41,6 @@ class Meter:
     def reset(self) -> None:
         self.loss = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
-        self.norms: list[torch.Tensor] = []  # per step, not yet checked (engine.train)
         self.steps = self.samples = 0
         self.wait = 0.0
         self.started = time.perf_counter()
@@ -49,7 +48,6 @@ class Meter:
     def add(self, loss: torch.Tensor, norm: torch.Tensor, samples: int) -> None:
         self.loss += loss
         self.grad_norm += norm
-        self.norms.append(norm)
         self.steps += 1
         self.samples += samples
 

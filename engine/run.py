@@ -79,6 +79,7 @@ class Run:
     # First step whose gradients were not finite (0: none), kept on the device so that the
     # check costs no host sync per step; read at log intervals and before every checkpoint.
     first_bad_step: torch.Tensor | None = None
+    unchecked_norms: list[torch.Tensor] = field(default_factory=list)  # steps since the check
     memory_format: torch.memory_format = torch.contiguous_format  # of 4-d input batches
     trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
     init_record: dict | None = None  # the first weights' file (engine.finetune), if any

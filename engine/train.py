@@ -113,10 +113,13 @@ def gradient_norm(run: Run) -> torch.Tensor:
 
 def apply_step(run: Run, norm: torch.Tensor) -> bool:
     """Whether to take the optimizer step. fp16: the scaler skips non-finite steps itself.
-    nan_policy=skip reads the norm (one host sync per step); stop takes the step and leaves
-    the norm to the meter: the window's norms are checked together, on the device, before
+    nan_policy=skip reads the norm (one host sync per step); stop takes the step and keeps
+    the norm: the norms since the last check are checked together, on the device, before
     each log record and checkpoint (note_bad_steps), and read back there."""
-    if run.scaler.is_enabled() or run.cfg.train.nan_policy != "skip":
+    if run.scaler.is_enabled():
+        return True
+    if run.cfg.train.nan_policy != "skip":
+        run.unchecked_norms.append(norm)
         return True
     if torch.isfinite(norm).item():
         return True
@@ -125,12 +128,12 @@ def apply_step(run: Run, norm: torch.Tensor) -> bool:
     return False
 
 
-def note_bad_steps(run: Run, meter: Meter) -> None:
-    """nan_policy=stop: the first step among the meter's unchecked norms whose gradients were
-    not finite into run.first_bad_step (unless one is there already): a few operations per
+def note_bad_steps(run: Run) -> None:
+    """nan_policy=stop: the first step among the unchecked norms whose gradients were not
+    finite into run.first_bad_step (unless one is there already): a few operations per
     window on the device, none per step, and no host sync (check_finite reads it)."""
-    norms, meter.norms = meter.norms, []
-    if not norms or run.scaler.is_enabled() or run.cfg.train.nan_policy == "skip":
+    norms, run.unchecked_norms = run.unchecked_norms, []
+    if not norms:
         return
     bad = ~torch.isfinite(torch.stack(norms))
     first = run.state.step - len(norms) + 1  # the norms are those of the latest steps
@@ -167,11 +170,9 @@ def train_epoch(run: Run, progress: Progress) -> str | None:
         reason = stop_reason(run)
         every = cfg.ckpt.every_steps
         if reason or (every and st.step % every == 0 and st.position < epoch_end):
-            note_bad_steps(run, meter)
             checkpoint(run)
         if reason:
             return reason
-    note_bad_steps(run, meter)  # the epoch's last norms, before its checkpoint
     return None
 
 
@@ -179,7 +180,7 @@ def log_window(run: Run, meter: Meter) -> dict:
     """The logging window's record (a collective: the loss and the replaced-sample count
     summed over ranks), written; a non-finite step stops the run here. One host sync: the
     loss, that count, the gradient norm and the non-finite flag are read back together."""
-    note_bad_steps(run, meter)
+    note_bad_steps(run)
     summed = meter.loss.detach().clone().reshape(1)
     if run.skip_bad:  # filled on the device from a host int: no copy from Python data
         summed = torch.cat([summed, summed.new_full((1,), float(run.pending_bad))])
@@ -256,6 +257,7 @@ def checkpoint(run: Run) -> None:
 
 def check_finite(run: Run) -> None:
     """nan_policy=stop: never checkpoint (or go on from) weights that took a non-finite step."""
+    note_bad_steps(run)
     bad = int(run.first_bad_step.item())
     if not bad:
         return
