@@ -10,6 +10,7 @@ number of processes, the same metrics. The result goes to a JSON file beside the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)
     D.init(denv, cfg.dist, device)
+    run = None
     try:
         run = setup(cfg, recipe, denv, device, records=False)
         metrics = evaluate(run, run.eval_model)
@@ -76,6 +78,10 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
             log(f"{cfg.recipe} {weights}: {run.task.describe(metrics)}; wrote {destination}")
         return 0
     finally:
+        # The wrapped model holds the process group: released first, gloo's threads end with
+        # the group now, not at interpreter exit (where they abort the process).
+        run = None
+        gc.collect()
         D.shutdown()
 
 
