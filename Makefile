@@ -9,15 +9,15 @@
 # launch's defaults: RECIPE digits, NODES 1, PROCS 1; GPUS: this machine's for train, the
 # recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
-SEEDS ?= 3
 export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT
+export SWEEP BASELINE PARALLEL
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep report export bench lint dry-run venv lock clean
+.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare report export bench lint dry-run venv lock clean
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -55,8 +55,19 @@ submit: $(STAMP)
 sbatch: $(STAMP)
 	@$(PY) -m launch sbatch
 
+# Every combination of comma-separated values times SEEDS seeds (default 3), one after the
+# other here or one job array with TARGET=submit (PARALLEL=N: at most N tasks at once), then
+# a report of each cell against the baseline; rerunning it runs only what is left:
+#   make sweep ARGS="optim.lr=0.05,0.1,0.2 mix.mixup_alpha=0,0.2 run.name=lr" SEEDS=3
+#   make sweep SWEEP=sweep.yaml            (grid:, zip:, baseline:, seeds:, name:)
 sweep: $(STAMP)
 	@$(PY) -m launch sweep
+
+# Finished runs grouped by the settings in which they differ (the seed aside), each group
+# against the first (or BASELINE='optim.lr=0.1') by Welch's t-test:
+#   make compare RUNS="runs/digits/a-* runs/digits/b-*"
+compare: $(STAMP)
+	@$(PY) -m launch compare
 
 # A chart and a Markdown summary of run directories, beside them: make report RUNS="runs/digits/a runs/digits/b"
 report: $(STAMP)

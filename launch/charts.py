@@ -1,7 +1,8 @@
-"""Charts from run directories: the curves of one or more runs (`launch report`) and a seed
-sweep's mean ± std. Drawn on matplotlib's Agg canvas (no display needed, no pyplot state) at a
-fixed size and dpi in matplotlib's bundled font, so a chart is the same picture, of the same
-size, on a laptop, a CPU-only cluster node and in the container.
+"""Charts from run directories: the curves of one or more runs (`launch report`), a seed
+sweep's mean ± std, and a sweep's or comparison's cells side by side. Drawn on matplotlib's Agg
+canvas (no display needed, no pyplot state) at a fixed size and dpi in matplotlib's bundled
+font, so a chart is the same picture, of the same size, on a laptop, a CPU-only cluster node
+and in the container.
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ import textwrap
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launch.errors import UserError
 from launch.runs import Headline, Run
 
+if TYPE_CHECKING:
+    from launch.cells import Cell
+    from launch.stats import Summary
+
 DPI = 100
 RUNS_PX = (1500, 1000)  # (width, height) of a report's chart
 SWEEP_PX = (1500, 500)  # of a sweep's chart
+CELLS_PX = (1500, 500)  # of a chart of cells
+SPREAD = 0.2  # a cell's seeds spread over its column's x ± SPREAD
 STYLE = {"font.family": "DejaVu Sans", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
 NOT_METRICS = ("kind", "step", "epoch", "count", "loss")
 STYLES = ("-", ":", "-.", "--")  # one per evaluation metric, the headline solid
@@ -203,3 +211,165 @@ def draw_sweep(sweep: Sweep, path: Path, title: str) -> Path:
             _percent(metric_ax)
             _percent(final_ax)
     return path
+
+
+def draw_cells(
+    cells: list[Cell], headline: Headline, path: Path, title: str, curve: str | None = None
+) -> Path:
+    """Three panels: each cell's final headline metric per seed with the mean and its 95%
+    interval, the baseline marked; the mean against the swept number `curve` (a setting whose
+    values are numbers), one line per combination of the other settings; and each cell's time."""
+    drawn = [v for cell in cells for v in cell.values(headline.key)]
+    with _canvas(path, CELLS_PX, cols=3) as (fig, (final_ax, curve_ax, time_ax)):
+        fig.suptitle(title)
+        _cell_finals(final_ax, cells, headline)
+        _cell_curve(curve_ax, cells, headline, curve)
+        _cell_times(time_ax, cells)
+        if fractions(drawn, headline):
+            _percent(final_ax)
+            if curve is not None:
+                _percent(curve_ax)
+    return path
+
+
+def _say(ax, text: str) -> None:
+    """Grey text in the middle of a panel that has nothing to draw."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="grey")
+
+
+def _spread(n: int) -> list[float]:
+    """x offsets of n seeds in one column, evenly over ± SPREAD."""
+    if n < 2:
+        return [0.0] * n
+    return [SPREAD * (2 * i / (n - 1) - 1) for i in range(n)]
+
+
+def _interval(
+    ax, x: float, summary: Summary, colour: str, marker: str, label: str | None = None
+) -> bool:
+    """A cell's mean as a marker, with its 95% interval as an error bar where there is one;
+    whether there was a mean to draw."""
+    if summary.mean is None:
+        return False
+    yerr = None
+    if summary.low is not None and summary.high is not None:
+        yerr = [[summary.mean - summary.low], [summary.high - summary.mean]]
+    size = 16 if marker == "_" else 6
+    ax.errorbar([x], [summary.mean], yerr=yerr, fmt=marker, color=colour, ms=size, mew=2,
+                capsize=5, elinewidth=1.5, zorder=2, label=label)  # fmt: skip
+    return True
+
+
+def _wrap(text: str, width: int, lines: int) -> str:
+    """text in lines of at most width characters, broken after a comma or at a space where it
+    can be (a setting's key=value stays whole); past `lines` lines, cut with "…"."""
+    out = [""]
+    for token in re.findall(r"[^,\s]*[,\s]+|[^,\s]+", text):
+        if out[-1] and len(out[-1]) + len(token.rstrip()) > width:
+            out.append("")
+        out[-1] += token
+    out = [part for line in out for part in textwrap.wrap(line, width) or [""]]
+    if len(out) > lines:
+        out = [*out[: lines - 1], out[lines - 1][: width - 1] + "…"]
+    return "\n".join(out)
+
+
+def _cell_ticks(ax, cells: list[Cell]) -> None:
+    """The cells' names under their columns, wrapped, the baseline's in bold and saying so:
+    level while they fit side by side, else slanted (one line each when there are many)."""
+    n = max(len(cells), 1)
+    labels = [_wrap(c.name, 22, 2) + "\n(baseline)" * c.baseline for c in cells]
+    widest = max((len(line) for text in labels for line in text.splitlines()), default=0)
+    slanted = widest * 6 > 380 / n  # about 6 px a character, 380 px of axis
+    if slanted:
+        names = ["(baseline) " * c.baseline + c.name for c in cells]
+        labels = [_wrap(name, 30, 2 if n <= 10 else 1) for name in names]
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels(labels, rotation=45 if slanted else 0, ha="right" if slanted else "center",
+                       rotation_mode="anchor", fontsize=8)  # fmt: skip
+    for label, cell in zip(ax.get_xticklabels(), cells, strict=True):
+        label.set_fontweight("bold" if cell.baseline else "normal")
+    ax.set_xlim(-0.6, len(cells) - 0.4)
+    ax.grid(False, axis="x")
+
+
+def _cell_finals(ax, cells: list[Cell], headline: Headline) -> None:
+    label = metric_label(headline.metric)
+    said = False  # the legend names the mean's marker once
+    for x, cell in enumerate(cells):
+        values = cell.values(headline.key)
+        xs = [x + dx for dx in _spread(len(values))]
+        ax.scatter(xs, values, color="C0", s=22, zorder=3)
+        summary = cell.summary(headline.key)
+        legend = "_" if said else "mean, 95% interval"  # "_": not in the legend
+        said = _interval(ax, x, summary, "black", "_", legend) or said
+        if cell.baseline and summary.mean is not None:
+            ax.axhline(summary.mean, color="grey", linestyle="--", linewidth=1, zorder=1,
+                       label="baseline mean")  # fmt: skip
+    _cell_ticks(ax, cells)
+    ax.set_title(f"final {label} per cell")
+    ax.set_xlabel("cell (a point per finished seed)")
+    if said:
+        ax.legend(loc="best", fontsize=8)
+    else:
+        _say(ax, "no finished seeds")
+
+
+def _combinations(cells: list[Cell], curve: str) -> dict[str, list[Cell]]:
+    """The cells with a number for `curve`, by the rest of their settings as key=value texts
+    ("all" where there is no other setting), in their first appearance's order."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        if _is_value(cell.settings.get(curve)):
+            rest = [f"{k}={v}" for k, v in cell.settings.items() if k != curve]
+            name = textwrap.fill(", ".join(rest) or "all", 50, max_lines=3, placeholder="…")
+            groups.setdefault(name, []).append(cell)
+    return groups
+
+
+def _curve_line(
+    ax, cells: list[Cell], headline: Headline, curve: str, colour: str, label: str
+) -> None:
+    """One combination's mean headline against the swept number, its 95% interval a band."""
+    summaries = [(c.settings[curve], c.summary(headline.key)) for c in cells]
+    points = sorted(((x, s) for x, s in summaries if s.mean is not None), key=lambda p: p[0])
+    if not points:
+        return
+    xs = [x for x, _ in points]
+    ax.plot(xs, [s.mean for _, s in points], color=colour, marker="o", ms=4, label=label)
+    band = [(x, s.low, s.high) for x, s in points if s.low is not None and s.high is not None]
+    if band:
+        xs, lows, highs = zip(*band, strict=True)
+        ax.fill_between(xs, lows, highs, color=colour, alpha=0.2, linewidth=0)
+
+
+def _cell_curve(ax, cells: list[Cell], headline: Headline, curve: str | None) -> None:
+    if curve is None:
+        ax.axis("off")
+        _say(ax, "no swept number")
+        return
+    label = metric_label(headline.metric)
+    groups = _combinations(cells, curve)
+    for i, (name, group) in enumerate(groups.items()):
+        _curve_line(ax, group, headline, curve, f"C{(i + 1) % 10}", name)
+    xs = [c.settings[curve] for group in groups.values() for c in group]
+    if xs and min(xs) > 0 and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    ax.set_title(f"final {label} against {curve} (mean, 95% interval)")
+    ax.set_xlabel(curve)
+    if ax.lines:
+        ax.legend(loc="best", fontsize=8, title="the other settings", title_fontsize=8)
+    else:
+        _say(ax, "no finished seeds")
+
+
+def _cell_times(ax, cells: list[Cell]) -> None:
+    for x, cell in enumerate(cells):
+        _interval(ax, x, cell.summary("seconds"), "black", "o")
+    _cell_ticks(ax, cells)
+    ax.set_title("time per cell (s)")
+    ax.set_xlabel("cell (mean over seeds, 95% interval)")
+    if ax.lines:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.05)  # from zero, the top bar's cap inside
+    else:
+        _say(ax, "no finished seeds")

@@ -16,7 +16,10 @@ Environment (all optional):
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
   RECIPES_DIR (where recipes are looked up; default <repo>/recipes)
-  RUNS (report: the run directories, space-separated, when none are given as arguments)
+  RUNS (report, compare: the run directories, space-separated, when none are given as
+  arguments; a word with * or ? is expanded)
+  SWEEP (sweep: a sweep file: grid, zip, baseline, seeds, name)  BASELINE (sweep, compare:
+  the baseline cell, e.g. 'optim.lr=0.1')  PARALLEL (sweep under SLURM: array tasks at once)
   CKPT (eval: the checkpoint, run directory, export or weights file to score), EMA (eval: 1
   scores the averaged weights), OUT (eval: the result's file; default beside CKPT)
 """
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.config import description
-from launch import check, render, report, request, sweep
+from launch import check, compare, render, report, request, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -54,6 +57,7 @@ COMMANDS = (
     "config",
     "recipes",
     "report",
+    "compare",
 )
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
@@ -97,9 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="submit with GPUS=0 a recipe that declares GPUs (env ALLOW_CPU=1)",
     )
     p.add_argument("--seeds", help="sweep: number of seeds 0..N-1 (env SEEDS, default 3)")
+    p.add_argument(
+        "--sweep", metavar="FILE", help="sweep: a sweep file, grid: zip: ... (env SWEEP)"
+    )
+    p.add_argument(
+        "--baseline", help="sweep, compare: the baseline cell, 'key=value ...' (env BASELINE)"
+    )
+    p.add_argument("--parallel", help="sweep --slurm: at most N array tasks at once (env PARALLEL)")
     p.add_argument("--slurm", action="store_true", help="sweep: submit a SLURM job array")
     p.add_argument("--no-wait", action="store_true", help="sweep --slurm: submit and return")
-    p.add_argument("--report", metavar="BASE", help="sweep: only (re)write BASE's report")
+    p.add_argument("--report", metavar="NAME", help="sweep: only (re)write sweep NAME's report")
     for name, (flag, env) in SLURM_FLAGS.items():
         p.add_argument(flag, dest=name, help=f"SLURM (env {env})")
     p.add_argument(
@@ -230,8 +241,8 @@ def cmd_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     execute(argv)
 
 
-def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    return sweep.main(args, env)
+def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    return sweep.main(args, env, argv)
 
 
 def cmd_report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -257,17 +268,20 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     if hasattr(sys.stdout, "reconfigure"):  # argv bytes that are not UTF-8 print as they came
         sys.stdout.reconfigure(errors="surrogateescape")
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = parse_args(argv)
         if args.command == "submit":
             return cmd_submit(args, env)
         if args.command == "sweep":
-            return cmd_sweep(args, env)
+            return cmd_sweep(args, env, argv)
         if args.command == "config":
             return cmd_config(args, env)
         if args.command == "recipes":
             return cmd_recipes(env)
         if args.command == "report":
             return cmd_report(args, env)
+        if args.command == "compare":
+            return compare.main(args, env, dry=request.is_dry(args, env))
         return cmd_run(args, env)
     except UserError as e:
         print(f"launch: {printable(str(e))}", file=sys.stderr)

@@ -11,6 +11,7 @@ its run name and the settings in which it differs from the others.
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -30,20 +31,33 @@ OWN_COLUMNS = ("seconds", "world_size", "headline", "higher_is_better", "best_ch
 MAX_STEM = 120
 
 
-def run_paths(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
-    """The run directories: the command's arguments, else RUNS (split as a shell would)."""
+def run_paths(
+    args: argparse.Namespace, env: Mapping[str, str], command: str = "report"
+) -> list[str]:
+    """The run directories: the command's arguments, else RUNS (split as a shell would, a
+    word with *, ? or [ expanded as a shell would: RUNS="runs/digits/lr-*")."""
     if args.overrides:
         return list(args.overrides)
     try:
-        paths = shlex.split(env.get("RUNS", ""))
+        words = shlex.split(env.get("RUNS", ""))
     except ValueError as err:
         raise UserError(f"RUNS cannot be split into paths ({err}); check its quotes") from None
-    if not paths:
+    if not words:
         raise UserError(
-            'no runs given; make report RUNS="runs/digits/a runs/digits/b", '
-            "or python -m launch report RUN_DIR..."
+            f'no runs given; make {command} RUNS="runs/digits/a runs/digits/b", '
+            f"or python -m launch {command} RUN_DIR..."
         )
-    return paths
+    return [path for word in words for path in expand(word)]
+
+
+def expand(word: str) -> list[str]:
+    """A pattern's matches, sorted (a pattern that matches nothing: one line); else the word."""
+    if not any(c in word for c in "*?["):
+        return [word]
+    matches = sorted(glob.glob(word))
+    if not matches:
+        raise UserError(f"RUNS: {word} matches no path; check the pattern")
+    return matches
 
 
 def read_runs(paths: list[str]) -> list[Run]:

@@ -147,10 +147,16 @@ def submission_script(ex: Executor, count: int) -> str:
         ex.parameters.pop("map_count", None)
 
 
-def dry_run(reqs: list[Request], folder: Path, name: str) -> str:
+def array_limit(parallel: int | None) -> dict[str, Any]:
+    """submitit's array_parallelism: at most this many array tasks run at once (sbatch's
+    --array=0-N%LIMIT); None keeps submitit's default, every task at once up to 256."""
+    return {"array_parallelism": parallel} if parallel else {}
+
+
+def dry_run(reqs: list[Request], folder: Path, name: str, parallel: int | None = None) -> str:
     """What `submit` (one request) or a sweep (one array) would submit: submitit's script,
     then, as comments, the command each task runs in-process from its pickled job."""
-    ex = executor(reqs[0], folder, job_name=name)
+    ex = executor(reqs[0], folder, job_name=name, **array_limit(parallel))
     lines = ["# Each task unpickles its job and runs:"]
     for i, r in enumerate(reqs):
         task = f"array task {i}" if len(reqs) > 1 else "every task"
@@ -257,10 +263,15 @@ def submit(req: Request) -> int:
 
 
 def submit_array(
-    reqs: list[Request], folder: Path, name: str, environ: dict[str, str] | None = None
+    reqs: list[Request],
+    folder: Path,
+    name: str,
+    environ: dict[str, str] | None = None,
+    parallel: int | None = None,
 ) -> list[Any]:
-    """One job array, one array task per request (all with the same resources)."""
+    """One job array, one array task per request (all with the same resources), at most
+    `parallel` of them running at once."""
     require_sbatch()
-    ex = executor(reqs[0], folder, job_name=name)
+    ex = executor(reqs[0], folder, job_name=name, **array_limit(parallel))
     jobs = [engine_job(r, environ) for r in reqs]
     return submitted(lambda: ex.submit_array(jobs), folder.parent)  # the sweep's folder

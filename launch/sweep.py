@@ -1,294 +1,573 @@
-"""Seed sweeps: N runs that differ only in `seed`, then a report of each run's summary.json
-with mean ± sample standard deviation.
+"""Sweeps: every cell of a grid (launch.grid) times seeds 0..N-1, then a report that says
+per cell the headline's mean, std and 95% interval and whether each cell differs from the
+baseline (launch.compare, launch.stats).
 
-Seed i runs as `seed=i run.name=<base>-seed<i>`; the report lands in
-`<run root>/<recipe>/<base>-sweep/report.md` and `report.json`, with `chart.png` beside them
-(mean curves over seeds with a ±1 std band, and each seed's final headline metric). Locally the runs go one after
-the other; with --slurm (or --target submit, TARGET=submit) they are one job array.
+    make sweep ARGS="optim.lr=0.05,0.1,0.2 mix.mixup_alpha=0,0.2 run.name=lr" SEEDS=3
+    make sweep SWEEP=sweeps/lr.yaml TARGET=submit PARALLEL=4
+
+Locally the members run one after the other, seed-major (every cell's seed 0 before any seed
+1: a sweep stopped half-way has seen every cell); under SLURM they are one job array with at
+most PARALLEL tasks at once. Everything lands in `<run root>/<recipe>/<name>-sweep/`:
+sweep.json (the grid, the command, the git SHA, each member's last attempt), report.md,
+report.json, chart.png, and logs/ (local members' output).
+
+Rerunning the same sweep runs only what is missing or unfinished: finished members are
+kept, a stopped or preempted one resumes from its checkpoint (its run name is the same), a
+member whose SLURM task is still queued is left to it. A different grid under the same name
+is refused in one line naming the difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
-import math
 import os
-import re
-import statistics
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine import results
-from launch import charts, check, render, request
+from launch import cells as C
+from launch import check, compare, grid, render, request, stats
+from launch.cells import Cell, Member
 from launch.errors import UserError
 from launch.render import Request
-from launch.runs import find_headline, read_json, read_metrics
+from launch.runs import read_json
 
-# The known columns first, in this order.
-METRICS = ("top1", "top5", results.summary_name("loss"), "seconds", "steps", "world_size")
+MANIFEST = "sweep.json"
+# The request variables a sweep's command is rebuilt from (report.json's "command").
+COMMAND_VARS = (
+    "RECIPE CONFIG SWEEP SEEDS BASELINE GPUS NODES PROCS TARGET PARALLEL PARTITION ACCOUNT "
+    "QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE ARGS"
+).split()
+LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+               "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")  # fmt: skip
 
 
-# ---------------------------------------------------------------- pure parts
+@dataclass
+class Planned:
+    """A member: its cell, seed and the request that runs it."""
+
+    cell: grid.Cell
+    seed: int
+    req: Request
 
 
-def seed_requests(req: Request, seeds: int) -> list[Request]:
-    """One request per seed; the user's own seed and run.name overrides give way."""
-    keep = tuple(o for o in req.overrides if o.partition("=")[0] not in ("seed", "run.name"))
-    return [
-        replace(req, run_name=f"{req.run_name}-seed{i}", overrides=(*keep, f"seed={i}"))
-        for i in range(seeds)
-    ]
+@dataclass
+class Plan:
+    req: Request  # the sweep's own: run_name is the sweep's name
+    grid: grid.Grid
+    seeds: int
+    parallel: int | None
+    slurm: bool
+    folder: Path  # <run root>/<recipe>/<name>-sweep
+    members: list[Planned]
+
+    @property
+    def name(self) -> str:
+        return self.req.run_name
+
+    def identity(self) -> dict[str, Any]:
+        return {**self.grid.identity(), "recipe": self.req.recipe, "config": self.req.variant}
+
+
+# ---------------------------------------------------------------- the plan
 
 
 def report_dir(src: str, run_root: str, recipe: str, base: str) -> Path:
     return Path(src) / run_root / recipe / f"{base}-sweep"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def pick_int(args_value, flag: str, env: Mapping[str, str], var: str, fix: str) -> int | None:
+    picked = request.pick(args_value, flag, env, var)
+    return request.whole(*picked, 1, fix) if picked else None
 
 
-def summarize(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per metric: mean and sample standard deviation (n - 1; None for a single run) over
-    the metrics that are numbers in every summary, the known ones first."""
-    if not summaries:
-        return {}
-    rows = list(summaries.values())
-    keys = [*METRICS, *sorted(set(rows[0]) - set(METRICS))]
-    stats = {}
-    for key in keys:
-        values = [row.get(key) for row in rows]
-        if not all(_is_number(v) for v in values):
-            continue
-        std = statistics.stdev(values) if len(values) > 1 else None
-        stats[key] = {"mean": statistics.fmean(values), "std": std, "n": len(values)}
-    return stats
+def sweep_name(req: Request, the_grid: grid.Grid, given: str | None) -> str:
+    """ARGS' run.name, else the sweep file's name:, else a new time-stamped name."""
+    if the_grid.name is not None:
+        if not request.RUN_NAME.fullmatch(the_grid.name):
+            raise UserError(
+                f"SWEEP: name: {the_grid.name!r} is not a run name (letters, digits, . _ -)"
+            )
+        if given is not None and given != the_grid.name:
+            raise UserError(
+                f"run.name={given} but the sweep file names the sweep {the_grid.name}; give one"
+            )
+        return the_grid.name
+    return given or req.run_name
 
 
-def fmt(value: Any, whole: bool = False) -> str:
-    """Counts as integers (their mean and std with one decimal), large values with one
-    decimal, fractions and losses with four."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.1f}" if whole or abs(value) >= 10 else f"{value:.4f}"
+def recorded_seeds(folder: Path) -> int | None:
+    old = read_json(folder / MANIFEST, [])
+    return old.get("seeds") if old and isinstance(old.get("seeds"), int) else None
 
 
-def report_markdown(
-    recipe: str, base: str, runs: Mapping[int, tuple[str, dict]], chart: str | None = None
-) -> str:
-    stats = summarize({seed: summary for seed, (_, summary) in runs.items()})
-    names = list(stats)
-    lines = [
-        f"# Seed sweep {base} ({recipe}): {len(runs)} seeds",
-        "",
-        "| seed | run | " + " | ".join(names) + " |",
-        "|---:|---|" + "---:|" * len(names),
-    ]
-    for seed, (run, summary) in sorted(runs.items()):
-        lines.append(f"| {seed} | {run} | " + " | ".join(fmt(summary[m]) for m in names) + " |")
-    cells = []
-    for m, s in stats.items():  # std in the mean's precision
-        one = all(isinstance(summary[m], int) for _, summary in runs.values())
-        one = one or abs(s["mean"]) >= 10
-        cells.append(f"{fmt(s['mean'], one)} ± {fmt(s['std'], one)}")
-    lines += [
-        "| mean ± std | | " + " | ".join(cells) + " |",
-        "",
-        f"Mean ± sample standard deviation (n - 1) over {len(runs)} seeds.",
-        "",
-    ]
-    if chart:
-        lines += [
-            f"![Mean over seeds with a ±1 std band: training loss and the headline metric; "
-            f"each seed's final headline metric]({chart})",
-            "",
-        ]
-    return "\n".join(lines)
+def members(req: Request, the_grid: grid.Grid, seeds: int) -> list[Planned]:
+    """Seed-major: every cell's seed 0, then every cell's seed 1, ..."""
+    planned = []
+    for seed in range(seeds):
+        for cell in the_grid.cells:
+            name = grid.member_name(req.run_name, cell, seed)
+            overrides = (*the_grid.fixed, *cell.overrides, f"seed={seed}")
+            planned.append(Planned(cell, seed, replace(req, run_name=name, overrides=overrides)))
+    return planned
 
 
-def read_summaries(run_dirs: Mapping[int, Path]) -> dict[int, tuple[str, dict]]:
-    runs = {}
-    for seed, folder in sorted(run_dirs.items()):
-        path = folder / "summary.json"
-        if not path.is_file():
-            raise UserError(f"no {path}: seed {seed} has not finished; rerun it first", code=1)
+def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
+    use_slurm = args.slurm or request.pick_target(args, env)[1] == "submit"
+    req = request.resolve(args, env, target="submit" if use_slurm else "local")
+    own = tuple(o for o in req.overrides if o.partition("=")[0] not in ("seed", "run.name"))
+    sweep_file = args.sweep or env.get("SWEEP") or None
+    the_grid = grid.build(own, sweep_file, args.baseline or env.get("BASELINE") or None)
+    name = sweep_name(req, the_grid, request.run_name(req.overrides))
+    req = replace(req, run_name=name, overrides=own)
+    folder = report_dir(req.src, req.run_root, req.recipe, name)
+    seeds = pick_int(args.seeds, "--seeds", env, "SEEDS", "use e.g. SEEDS=5")
+    seeds = seeds or the_grid.seeds or recorded_seeds(folder) or 3
+    parallel = pick_int(args.parallel, "--parallel", env, "PARALLEL", "use e.g. PARALLEL=4")
+    if parallel and not use_slurm:
+        raise UserError(
+            f"PARALLEL={parallel} limits a SLURM job array (TARGET=submit); a local sweep runs "
+            "one member at a time"
+        )
+    parallel = parallel or the_grid.parallel
+    return Plan(req, the_grid, seeds, parallel, use_slurm, folder, members(req, the_grid, seeds))
+
+
+# ---------------------------------------------------------------- sweep.json
+
+
+def git_state() -> dict[str, Any]:
+    def git(*words: str) -> str | None:
         try:
-            runs[seed] = (folder.name, json.loads(path.read_text()))
-        except json.JSONDecodeError:
-            raise UserError(f"{path} is not valid JSON; rerun seed {seed}", code=1) from None
-    return runs
+            out = subprocess.run(
+                ["git", "-C", str(request.ROOT), *words], capture_output=True, text=True, timeout=20
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    status = git("status", "--porcelain")
+    return {"sha": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
-def mean_band(series: list[dict[int, float]]) -> charts.Band:
-    """Mean and sample std over seeds at each step every seed recorded (a seed that stopped
-    early shortens the curve rather than skewing its end)."""
-    steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
-    columns = [[s[step] for s in series] for step in steps]
-    std = [statistics.stdev(c) for c in columns] if len(series) > 1 else None
-    return charts.Band(steps, [statistics.fmean(c) for c in columns], std)
+def command(env: Mapping[str, str], argv: list[str]) -> dict[str, Any]:
+    """The command as typed (argv and the request variables set) and as one make line."""
+    given = {k: env[k] for k in COMMAND_VARS if env.get(k)}
+    words = ["make", "sweep", *(f"{k}={shlex.quote(v)}" for k, v in given.items())]
+    return {"make": " ".join(words), "argv": ["python", "-m", "launch", *argv], "env": given}
 
 
-def _values(records: list[dict], key: str) -> dict[int, float]:
-    return {r["step"]: r[key] for r in records if _is_number(r.get(key))}
+def grid_text(the_grid: grid.Grid) -> dict[str, Any]:
+    """The grid as a person reads it: key: [values], zipped keys joined by '+'."""
+    axes = {"+".join(a.keys): ["/".join(p) for p in a.points] for a in the_grid.axes}
+    return {"axes": axes, "fixed": list(the_grid.fixed), "baseline": dict(the_grid.baseline),
+            "cells": [c.name or "(seeds only)" for c in the_grid.cells], "file": the_grid.source or None}  # fmt: skip
 
 
-def sweep_chart(run_dirs: Mapping[int, Path], runs: Mapping[int, tuple[str, dict]]):
-    """The chart's data from the seeds' metrics.jsonl and summary.json; what could not be read
-    is said on stderr and left out."""
-    metrics = {seed: read_metrics(folder / "metrics.jsonl") for seed, folder in run_dirs.items()}
-    first = min(run_dirs)
-    env = read_json(run_dirs[first] / "env.json", metrics[first].notes)
-    headline = find_headline(runs[first][1] if first in runs else None, env, metrics[first].eval)
-    key = headline.key
-    for note in (n for m in metrics.values() for n in m.notes):
-        print(f"launch: warning: {note}", file=sys.stderr)
-    summaries = {seed: summary for seed, (_, summary) in runs.items()}
-    stats = summarize(summaries).get(key, {})
-    return charts.Sweep(
-        headline=headline,
-        loss=mean_band([_values(m.train, "loss") for m in metrics.values()]),
-        metric=mean_band([_values(m.eval, headline.metric) for m in metrics.values()]),
-        finals={s: v[key] for s, v in summaries.items() if _is_number(v.get(key))},
-        mean=stats.get("mean"),
-        std=stats.get("std"),
-    )
+def load_manifest(plan: Plan) -> dict[str, Any]:
+    """The sweep's record; a different grid under the same name is one line, a smaller SEEDS
+    another."""
+    old = read_json(plan.folder / MANIFEST, []) or {}
+    if old:
+        said = grid.differences(old.get("identity", {}), plan.identity())
+        if said:
+            raise UserError(
+                f"sweep {plan.name} already exists with another grid: {'; '.join(said)}; rerun it "
+                f"as it was, or give the new grid a new name (run.name=...)"
+            )
+        if plan.seeds < old.get("seeds", 0):
+            raise UserError(
+                f"sweep {plan.name} has {old['seeds']} seeds; SEEDS={plan.seeds} would leave some "
+                f"out: use SEEDS={old['seeds']} or more"
+            )
+    return old
 
 
-def write_report(
-    folder: Path,
-    recipe: str,
-    base: str,
-    runs: Mapping[int, tuple[str, dict]],
-    run_dirs: Mapping[int, Path] | None = None,
-):
-    """Writes report.md and report.json, and chart.png when the seeds' run directories are
-    given; returns the markdown."""
-    folder.mkdir(parents=True, exist_ok=True)
-    chart = None
-    if run_dirs:  # the numbers matter more than the picture: a chart failure is a warning
-        title = f"Seed sweep {base} ({recipe}): {len(runs)} seeds"
-        try:
-            charts.draw_sweep(sweep_chart(run_dirs, runs), folder / "chart.png", title)
-            chart = "chart.png"
-        except (UserError, OSError) as err:
-            print(f"launch: warning: no chart: {err}", file=sys.stderr)
-    text = report_markdown(recipe, base, runs, chart)
-    data = {
-        "recipe": recipe,
-        "base": base,
-        "seeds": sorted(runs),
-        "runs": {str(seed): {"run": run, "summary": s} for seed, (run, s) in sorted(runs.items())},
-        "metrics": summarize({seed: s for seed, (_, s) in runs.items()}),
-        "std": "sample (n - 1)",
-        "chart": chart,
+def save_manifest(
+    plan: Plan, old: Mapping[str, Any], env: Mapping[str, str], argv: list[str]
+) -> dict:
+    record = {
+        "sweep": plan.name,
+        "recipe": plan.req.recipe,
+        "config": plan.req.variant or None,
+        "identity": plan.identity(),
+        "grid": grid_text(plan.grid),
+        "seeds": plan.seeds,
+        "parallel": plan.parallel,
+        "command": command(env, argv),
+        "git": git_state(),
+        "created": old.get("created") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "members": {p.req.run_name: {"cell": p.cell.name, "seed": p.seed} for p in plan.members},
+        "attempts": dict(old.get("attempts") or {}),
     }
-    (folder / "report.md").write_text(text)
-    (folder / "report.json").write_text(json.dumps(data, indent=2) + "\n")
-    return text
+    write_manifest(plan.folder, record)
+    return record
 
 
-def existing_seeds(parent: Path, base: str) -> dict[int, Path]:
-    pattern = re.compile(re.escape(base) + r"-seed(\d+)")
-    found = {}
-    for folder in parent.glob(f"{base}-seed*"):
-        match = pattern.fullmatch(folder.name)
-        if match and folder.is_dir():
-            found[int(match.group(1))] = folder
-    return found
+def write_manifest(folder: Path, record: Mapping[str, Any]) -> None:
+    """Written whole or not at all (a sweep killed while writing keeps the last record)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    part = folder / f".{MANIFEST}.part"
+    part.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(part, folder / MANIFEST)
 
 
-# ---------------------------------------------------------------- running a sweep
+# ---------------------------------------------------------------- how members stand
 
 
-def _exit_code(rc: int) -> int:
+def last_line(path: Path | None) -> str | None:
+    """The last non-empty line of a log (its last 64 KiB), or None."""
+    if path is None or not path.is_file():
+        return None
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 65536))
+        lines = [
+            line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()
+        ]
+    return lines[-1][:300] if lines else None
+
+
+def live_jobs(attempts: Mapping[str, Mapping]) -> set[str]:
+    """The recorded SLURM array tasks still queued or running (squeue; none without it)."""
+    arrays = sorted({a["job"].split("_")[0] for a in attempts.values() if a.get("job")})
+    if not arrays:
+        return set()
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(arrays)],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    pairs = (line.split() for line in out.stdout.splitlines())
+    return {p[0] for p in pairs if len(p) == 2 and p[1] in LIVE_STATES}
+
+
+def stand(planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str]) -> Member:
+    path = src / planned.req.run_dir
+    member = Member(planned.req.run_name, planned.seed, path)
+    summary = read_json(path / "summary.json", [])
+    log = Path(attempt["log"]) if attempt.get("log") else None
+    if summary is not None:
+        member.status, member.summary = C.FINISHED, summary
+    elif attempt.get("job") in live:
+        member.status = "queued"
+    elif failed(attempt, path):
+        member.status, member.last_line = "failed", last_line(log) or attempt.get("said")
+    elif path.exists():
+        member.status, member.last_line = "unfinished", last_line(log)
+    return member
+
+
+def failed(attempt: Mapping[str, Any], path: Path) -> bool:
+    """Its last attempt exited non-zero, not because it was stopped (a signal, preemption), or
+    its SLURM task left the queue without finishing it."""
+    if attempt.get("stopped") or attempt.get("exit") == render.PREEMPTED:
+        return False
+    return attempt.get("exit") not in (None, 0) or bool(attempt.get("job") and path.exists())
+
+
+def standing(plan: Plan, attempts: Mapping[str, Mapping]) -> list[Member]:
+    live = live_jobs(attempts)
+    src = Path(plan.req.src)
+    return [stand(p, src, attempts.get(p.req.run_name, {}), live) for p in plan.members]
+
+
+# ---------------------------------------------------------------- running members here
+
+
+class Stop:
+    """SIGINT and SIGTERM end the sweep: the member running now gets the signal once (it saves
+    a checkpoint and exits), the next one is not started. The member runs in its own process
+    group, so a Ctrl-C reaches it through here only, once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.child: subprocess.Popen | None = None
+
+    def __call__(self, signum, frame) -> None:
+        self.signum = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def __enter__(self) -> Stop:
+        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+
+
+def run_member(planned: Planned, log: Path, stop: Stop, environ: Mapping[str, str]) -> int:
+    """The member's engine command, its output shown on stderr and kept in its log."""
+    argv = render.local(planned.req)
+    print(f"+ {render.shell_join(argv)}", file=sys.stderr, flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as kept:
+        child = subprocess.Popen(argv, cwd=request.ROOT, env={**os.environ, **environ},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)  # fmt: skip
+        stop.child = child
+        for line in child.stdout:
+            kept.write(line)
+            kept.flush()
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+        rc = child.wait()
+        stop.child = None
     return 128 - rc if rc < 0 else rc
 
 
-def group_environ(base: str) -> dict[str, str]:
-    """The seeds share one W&B group, the sweep's name, unless WANDB_RUN_GROUP is set."""
-    return {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP") or base}
+def run_local(
+    plan: Plan, todo: list[Planned], record: dict, environ: Mapping[str, str]
+) -> int | None:
+    """Runs todo in order; returns the signal that stopped the sweep, if one did."""
+    with Stop() as stop:
+        for i, planned in enumerate(todo, 1):
+            if stop.signum is not None:
+                break
+            name = planned.req.run_name
+            print(f"sweep {plan.name}: member {i}/{len(todo)}: {name}", file=sys.stderr, flush=True)
+            log = plan.folder / "logs" / f"{name}.log"
+            rc = run_member(planned, log, stop, environ)
+            attempt = {"how": "local", "exit": rc, "log": str(log)}
+            if stop.signum is not None:  # stopped, not failed: it resumes from its checkpoint
+                attempt["stopped"] = signal.Signals(stop.signum).name
+            record["attempts"][name] = attempt
+            write_manifest(plan.folder, record)
+        return stop.signum
 
 
-def run_local(reqs: list[Request], dry: bool, environ: dict[str, str] | None = None) -> None:
-    for i, r in enumerate(reqs):
-        argv = render.local(r)
-        if dry:
-            print(render.shell_join(argv))
-            continue
-        print(f"+ {render.shell_join(argv)}", file=sys.stderr, flush=True)
-        env = {**os.environ, **(environ or {})}
-        rc = subprocess.run(argv, cwd=request.ROOT, env=env).returncode
-        if rc != 0:
-            base = r.run_name.rsplit("-seed", 1)[0]
-            raise UserError(
-                f"seed {i} ({r.run_name}) exited with code {rc}; the report needs every seed: "
-                f"rerun with ARGS='run.name={base} ...' to resume the sweep",
-                code=_exit_code(rc),
-            )
+# ---------------------------------------------------------------- SLURM
 
 
-def run_slurm(reqs: list[Request], folder: Path, base: str, wait: bool) -> bool:
-    environ = group_environ(base)
-    jobs = check.slurm_support().submit_array(reqs, folder / "slurm", base, environ)
+def run_slurm(
+    plan: Plan, todo: list[Planned], record: dict, environ: dict[str, str], wait: bool
+) -> None:
+    slurm = check.slurm_support()
+    reqs = [p.req for p in todo]
+    jobs = slurm.submit_array(reqs, plan.folder / "slurm", plan.name, environ, plan.parallel)
     for r, job in zip(reqs, jobs, strict=True):
-        print(f"submitted {job.job_id}: {r.run_name}  (log {job.paths.stdout})")
+        record["attempts"][r.run_name] = {
+            "how": "slurm",
+            "job": job.job_id,
+            "log": str(job.paths.stderr),
+        }
+        print(f"submitted {job.job_id}: {r.run_name}  (log {job.paths.stderr})")
+    write_manifest(plan.folder, record)
     if not wait:
-        return False
+        return
     for r, job in zip(reqs, jobs, strict=True):
         try:
             job.result()
-        except Exception as e:  # submitit re-raises the job's failure here
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"{r.run_name} (job {job.job_id}) failed: {first}", code=1) from None
-    return True
+        except Exception as e:  # submitit re-raises the task's failure here
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            record["attempts"][r.run_name] |= {"exit": 1, "said": said}
+    write_manifest(plan.folder, record)
 
 
-def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    use_slurm = args.slurm or request.pick_target(args, env)[1] == "submit"
-    if args.report is not None:
-        if not request.RUN_NAME.fullmatch(args.report):
-            raise UserError(f"--report={args.report!r} is not a run name; give the sweep's BASE")
-        req = request.resolve(args, env, target="report")
-        return report_only(req, args.report)
-    picked = request.pick(args.seeds, "--seeds", env, "SEEDS") or ("SEEDS", "3")
-    seeds = request.whole(*picked, 1, "use e.g. SEEDS=5")
-    req = request.resolve(args, env, target="submit" if use_slurm else "local")
-    reqs = seed_requests(req, seeds)
-    base = req.run_name
-    folder = report_dir(req.src, req.run_root, req.recipe, base)
-    if request.is_dry(args, env):
-        if use_slurm:  # the one job array submitit would submit
-            print(check.slurm_support().dry_run(reqs, folder / "slurm", base), end="")
-        else:
-            run_local(reqs, dry=True)
+# ---------------------------------------------------------------- the report
+
+
+def report_cells(plan: Plan, found: list[Member]) -> list[Cell]:
+    by_cell: dict[str, Cell] = {}
+    base = plan.grid.baseline_cell().name
+    for planned, member in zip(plan.members, found, strict=True):
+        settings = {k: grid.canonical(v) for k, v in planned.cell.settings}
+        name = planned.cell.name or plan.name
+        cell = by_cell.setdefault(name, Cell(name, settings, baseline=planned.cell.name == base))
+        cell.members.append(member)
+    return list(by_cell.values())
+
+
+def git_text(record: Mapping[str, Any], found: list[Member]) -> str:
+    """The launch's checkout, and the SHAs the finished members recorded where they differ."""
+    sha = (record.get("git") or {}).get("sha") or "unknown"
+    text = sha[:12] + (" (dirty)" if (record.get("git") or {}).get("dirty") else "")
+    shas = set()
+    for m in found:
+        env = read_json(m.path / "env.json", []) if m.finished else None
+        if env and env.get("git_sha"):
+            shas.add(str(env["git_sha"])[:12] + (" (dirty)" if env.get("git_dirty") else ""))
+    if shas and shas != {text}:
+        text += f"; members ran at {', '.join(sorted(shas))}"
+    return text
+
+
+def write_report(plan: Plan, record: dict[str, Any]) -> tuple[str, list[Member]]:
+    found = standing(plan, record.get("attempts") or {})
+    cells = report_cells(plan, found)
+    finished = sum(m.finished for m in found)
+    shape = " x ".join(str(len(a.points)) for a in plan.grid.axes) or "1"
+    title = (f"Sweep {plan.name} ({plan.req.recipe}): {shape} cells x {plan.seeds} seeds, "
+             f"{finished} of {len(found)} members finished")  # fmt: skip
+    envs = {m.name: read_json(m.path / "env.json", []) or {} for m in found if m.finished}
+    headline = compare.headline_of([m for m in found if m.finished] or found, envs)
+    keys = plan.grid.keys
+    kept = {
+        k: record[k]
+        for k in ("sweep", "recipe", "config", "grid", "seeds", "parallel", "command", "git")
+    }
+    rep = compare.Report(
+        title, headline, kept | {"git_text": git_text(record, found)}, keys, C.numeric_axis(cells)
+    )
+    folder = plan.folder
+    text = compare.write(
+        cells, rep, folder / "report.md", folder / "report.json", folder / "chart.png"
+    )
+    return text, found
+
+
+def outcome(plan: Plan, found: list[Member]) -> int:
+    """0 when every member finished; else one line of what is left and how to finish it."""
+    left = [m for m in found if not m.finished]
+    if not left:
         return 0
-    if use_slurm:
-        check.slurm_support().require_sbatch()
-    check.engine_check(reqs[0], data_here=not use_slurm)  # seeds differ in seed and name
-    if use_slurm:
-        if not run_slurm(reqs, folder, base, wait=not args.no_wait):
-            print(f"when they finish: python -m launch sweep --recipe {req.recipe} --report {base}")
-            return 0
+    counts = {
+        s: sum(m.status == s for m in left) for s in ("failed", "unfinished", "queued", "missing")
+    }
+    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    print(f"launch: sweep {plan.name}: {len(found) - len(left)} of {len(found)} members finished "
+          f"({said}); rerun the same command to run the rest", file=sys.stderr)  # fmt: skip
+    return 1
+
+
+# ---------------------------------------------------------------- the command
+
+
+def dry_run(plan: Plan) -> int:
+    if plan.slurm:  # the one job array submitit would submit
+        slurm = check.slurm_support()
+        print(
+            slurm.dry_run(
+                [p.req for p in plan.members], plan.folder / "slurm", plan.name, plan.parallel
+            ),
+            end="",
+        )
     else:
-        run_local(reqs, dry=False, environ=group_environ(base))
-    run_dirs = {i: Path(req.src) / r.run_dir for i, r in enumerate(reqs)}
-    runs = read_summaries(run_dirs)
-    print(write_report(folder, req.recipe, base, runs, run_dirs), end="")
-    print(f"report: {folder / 'report.md'}, chart: {folder / 'chart.png'}", file=sys.stderr)
+        for p in plan.members:
+            print(render.shell_join(render.local(p.req)))
     return 0
 
 
-def report_only(req: Request, base: str) -> int:
-    parent = Path(req.src) / req.run_root / req.recipe
-    found = existing_seeds(parent, base)
-    if not found:
-        raise UserError(f"no runs named {base}-seed<i> in {parent}; check --report and RECIPE")
-    folder = report_dir(req.src, req.run_root, req.recipe, base)
-    print(write_report(folder, req.recipe, base, read_summaries(found), found), end="")
-    return 0
+def check_cells(plan: Plan, todo: list[Planned]) -> None:
+    """The engine's check of enough members that every value of every axis is checked once
+    (a value the engine refuses is one line before anything runs)."""
+    seen: set[tuple[str, str]] = set()
+    for planned in todo:
+        if not set(planned.cell.settings) <= seen or not seen:
+            check.engine_check(planned.req, data_here=not plan.slurm)
+            seen |= set(planned.cell.settings)
+
+
+class SweepLock:
+    """One launch of a sweep at a time on this machine (a second is refused in one line)."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise UserError(f"sweep {folder.name.removesuffix('-sweep')} is being run by another launch now; "
+                            "wait for it, or stop it and rerun") from None  # fmt: skip
+
+    def __enter__(self) -> SweepLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+def group_environ(name: str) -> dict[str, str]:
+    """The members share one W&B group, the sweep's name, unless WANDB_RUN_GROUP is set."""
+    return {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP") or name}
+
+
+def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | None = None) -> int:
+    if args.report is not None:
+        return report_only(args, env)
+    plan = make_plan(args, env)
+    if request.is_dry(args, env):
+        return dry_run(plan)
+    stats.require_scipy()
+    if plan.slurm:
+        check.slurm_support().require_sbatch()
+    with SweepLock(plan.folder):
+        old = load_manifest(plan)
+        record = save_manifest(plan, old, env, argv if argv is not None else sys.argv[1:])
+        found = standing(plan, record["attempts"])
+        todo = [
+            p
+            for p, m in zip(plan.members, found, strict=True)
+            if m.status not in (C.FINISHED, "queued")
+        ]
+        said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
+        print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
+        stopped = None
+        if todo:
+            check_cells(plan, todo)
+            if plan.slurm:
+                run_slurm(plan, todo, record, group_environ(plan.name), wait=not args.no_wait)
+            else:
+                stopped = run_local(plan, todo, record, group_environ(plan.name))
+        text, found = write_report(plan, record)
+    print(text, end="")
+    print(
+        f"report: {plan.folder / 'report.md'}, chart: {plan.folder / 'chart.png'}", file=sys.stderr
+    )
+    if stopped is not None:
+        name = signal.Signals(stopped).name
+        print(
+            f"launch: sweep {plan.name} stopped by {name}; rerun the same command to go on",
+            file=sys.stderr,
+        )
+        return 128 + stopped
+    if plan.slurm and args.no_wait and any(m.status == "queued" or not m.finished for m in found):
+        print(f"when they finish: python -m launch sweep --recipe {plan.req.recipe} --report {plan.name}",
+              file=sys.stderr)  # fmt: skip
+        return 0
+    return outcome(plan, found)
+
+
+def report_only(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """--report NAME: the report of a sweep as it stands, from its sweep.json."""
+    name = args.report
+    if not request.RUN_NAME.fullmatch(name):
+        raise UserError(f"--report={name!r} is not a sweep name; give the sweep's run.name")
+    req = request.resolve(args, env, target="report")
+    folder = report_dir(req.src, req.run_root, req.recipe, name)
+    record = read_json(folder / MANIFEST, [])
+    if not record:
+        raise UserError(
+            f"no sweep {name} in {folder.parent} (no {folder.name}/{MANIFEST}); check --report and RECIPE"
+        )
+    stats.require_scipy()
+    plan = replay(record, req, folder)
+    text, found = write_report(plan, record)
+    print(text, end="")
+    return outcome(plan, found)
+
+
+def replay(record: Mapping[str, Any], req: Request, folder: Path) -> Plan:
+    """The plan a sweep.json records (its grid rebuilt from the identity)."""
+    ident = record.get("identity") or {}
+    axes = tuple(
+        grid.Axis(tuple(a["keys"]), tuple(tuple(p) for p in a["values"]))
+        for a in ident.get("axes", [])
+    )
+    cells = grid.build_cells(axes, str(folder / MANIFEST))
+    baseline = tuple((ident.get("baseline") or {}).items()) or cells[0].settings
+    the_grid = grid.Grid(axes, tuple(ident.get("fixed", [])), baseline, cells=cells)
+    base = replace(req, run_name=record["sweep"], overrides=tuple(ident.get("fixed", [])))
+    seeds = int(record.get("seeds") or 1)
+    return Plan(
+        base, the_grid, seeds, record.get("parallel"), False, folder, members(base, the_grid, seeds)
+    )
