@@ -28,7 +28,7 @@ class Member:
     name: str
     seed: int | None
     path: Path
-    status: str = "missing"  # finished | unfinished | failed | queued | missing
+    status: str = "missing"  # finished | unfinished | failed | queued | missing | duplicate
     summary: dict | None = None  # summary.json, once finished
     last_line: str | None = None  # of its log, for one that failed or stopped
 
@@ -63,7 +63,7 @@ class Cell:
 
     def counts(self) -> dict[str, int]:
         """How many members stand in each status, in a fixed order."""
-        order = ("finished", "unfinished", "failed", "queued", "missing")
+        order = ("finished", "unfinished", "failed", "queued", "missing", "duplicate")
         found = {status: sum(m.status == status for m in self.members) for status in order}
         return {k: v for k, v in found.items() if v}
 

@@ -1,5 +1,5 @@
-"""Charts from run directories: the curves of one or more runs (`launch report`), a seed
-sweep's mean ± std, and a sweep's or comparison's cells side by side. Drawn on matplotlib's Agg
+"""Charts from run directories: the curves of one or more runs (`launch report`), and the cells
+of a sweep or a comparison side by side (each seed a point, each cell's 95% interval). Drawn on matplotlib's Agg
 canvas (no display needed, no pyplot state) at a fixed size and dpi in matplotlib's bundled
 font, so a chart is the same picture, of the same size, on a laptop, a CPU-only cluster node
 and in the container.
@@ -11,7 +11,6 @@ import contextlib
 import re
 import textwrap
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +23,7 @@ if TYPE_CHECKING:
 
 DPI = 100
 RUNS_PX = (1500, 1000)  # (width, height) of a report's chart
-SWEEP_PX = (1500, 500)  # of a sweep's chart
-CELLS_PX = (1500, 500)  # of a chart of cells
+CELLS_PX = (1500, 500)  # of a chart of cells (a sweep's, a comparison's)
 SPREAD = 0.2  # a cell's seeds spread over its column's x ± SPREAD
 STYLE = {"font.family": "DejaVu Sans", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
 NOT_METRICS = ("kind", "step", "epoch", "count", "loss")
@@ -39,28 +37,6 @@ TRAIN_PANELS = (  # record key, title
 
 class NoMatplotlib(UserError):
     """matplotlib is not installed: no chart, said in one line (code 1)."""
-
-
-@dataclass
-class Band:
-    """A curve over seeds: the mean at each step and the sample std (None for one seed)."""
-
-    steps: list[int]
-    mean: list[float]
-    std: list[float] | None
-
-
-@dataclass
-class Sweep:
-    """What a sweep's chart shows: the curves over seeds and each seed's final headline metric
-    with the report's mean and std of it (None where there is none)."""
-
-    headline: Headline
-    loss: Band
-    metric: Band
-    finals: dict[int, float]
-    mean: float | None
-    std: float | None
 
 
 def metric_label(key: str) -> str:
@@ -173,43 +149,6 @@ def draw_runs(
         _percent(train_axes[-1])
         key.axis("off")
         key.legend(loc="upper left", fontsize=8, title="runs (what differs)", frameon=False)
-    return path
-
-
-def _band(ax, band: Band, colour: str, title: str, empty: str, marker=None) -> None:
-    if band.steps:
-        ax.plot(band.steps, band.mean, color=colour, marker=marker, ms=4, label="mean over seeds")
-        if band.std is not None:
-            low = [m - s for m, s in zip(band.mean, band.std, strict=True)]
-            high = [m + s for m, s in zip(band.mean, band.std, strict=True)]
-            ax.fill_between(band.steps, low, high, color=colour, alpha=0.25, label="± 1 std")
-        ax.legend(loc="best", fontsize=8)
-    _finish(ax, title, empty)
-
-
-def draw_sweep(sweep: Sweep, path: Path, title: str) -> Path:
-    """Mean training loss and mean headline metric over seeds, each with a ±1 sample-std band,
-    and each seed's final headline metric as a point beside their mean and std."""
-    label = metric_label(sweep.headline.metric)
-    with _canvas(path, SWEEP_PX, cols=3) as (fig, (loss_ax, metric_ax, final_ax)):
-        fig.suptitle(title)
-        _band(loss_ax, sweep.loss, "C0", "training loss", "no records")
-        _band(metric_ax, sweep.metric, "C1", f"evaluation {label}", "no evaluation records", "o")
-        seeds = sorted(sweep.finals)
-        final_ax.scatter(seeds, [sweep.finals[s] for s in seeds], color="C1", zorder=3,
-                         label=f"final {label} of a seed")  # fmt: skip
-        if sweep.mean is not None:
-            final_ax.axhline(sweep.mean, color="grey", label="mean")
-        if sweep.mean is not None and sweep.std is not None:
-            low, high = sweep.mean - sweep.std, sweep.mean + sweep.std
-            final_ax.axhspan(low, high, color="grey", alpha=0.2, label="± 1 std")
-        final_ax.set_xticks(seeds)
-        final_ax.set_xlabel("seed")
-        final_ax.set_title(f"final {label} per seed (summary.json)")
-        final_ax.legend(loc="best", fontsize=8)
-        if fractions([*sweep.metric.mean, *sweep.finals.values()], sweep.headline):
-            _percent(metric_ax)
-            _percent(final_ax)
     return path
 
 

@@ -251,7 +251,8 @@ def headline_of(members: list[Member], envs: Mapping[str, dict]) -> Headline:
 
 
 def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
-    """Runs that differ only in their seed form one cell, in the order of their first run."""
+    """Runs that differ only in their seed form one cell, in the order of their first run; a
+    second finished run with a cell's settings and seed is a duplicate, not counted."""
     keys = [k for k in runs.differing(found) if k != SEED]
     cells: dict[str, Cell] = {}
     for run in found:
@@ -267,7 +268,12 @@ def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
             summary=run.summary,
             last_line=None if run.summary is not None else report.status(run),
         )
-        cells.setdefault(name, Cell(name, settings)).members.append(member)
+        cell = cells.setdefault(name, Cell(name, settings))
+        twin = next((m for m in cell.members if m.finished and m.seed == member.seed), None)
+        if member.finished and member.seed is not None and twin is not None:
+            # the same settings and seed give the same result: a second sample it is not
+            member.status, member.last_line = "duplicate", f"same settings and seed as {twin.name}"
+        cell.members.append(member)
     return keys, list(cells.values())
 
 

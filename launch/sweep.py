@@ -100,8 +100,17 @@ def sweep_name(req: Request, the_grid: grid.Grid, given: str | None) -> str:
             raise UserError(
                 f"run.name={given} but the sweep file names the sweep {the_grid.name}; give one"
             )
-        return the_grid.name
-    return given or req.run_name
+        return check_length(the_grid.name)
+    return check_length(given or req.run_name)
+
+
+def check_length(name: str) -> str:
+    if len(name) > grid.MAX_NAME:
+        raise UserError(
+            f"the sweep's name is {len(name)} characters ({name[:40]}...); give a run.name of "
+            f"at most {grid.MAX_NAME}"
+        )
+    return name
 
 
 def recorded_seeds(folder: Path) -> int | None:
@@ -542,12 +551,13 @@ def report_only(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     name = args.report
     if not request.RUN_NAME.fullmatch(name):
         raise UserError(f"--report={name!r} is not a sweep name; give the sweep's run.name")
+    check_length(name)
     req = request.resolve(args, env, target="report")
     folder = report_dir(req.src, req.run_root, req.recipe, name)
     record = read_json(folder / MANIFEST, [])
     if not record:
         raise UserError(
-            f"no sweep {name} in {folder.parent} (no {folder.name}/{MANIFEST}); check --report and RECIPE"
+            f"no sweep {name} in {folder.parent} (no {folder.name}/{MANIFEST}); check --report and RECIPE (runs without one: make compare RUNS=...)"
         )
     stats.require_scipy()
     plan = replay(record, req, folder)
