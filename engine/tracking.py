@@ -40,6 +40,7 @@ import torch
 
 from engine.atomic import atomic_write_text
 from engine.config import ConfigError, LogConfig
+from engine.redact import redact
 
 PROVENANCE_VARS = (
     "RECIPES_IMAGE",
@@ -49,40 +50,6 @@ PROVENANCE_VARS = (
     "RECIPES_LOCK_SHA256",
 )
 REPO = Path(__file__).resolve().parent.parent
-
-# ---------------------------------------------------------------- secrets
-
-CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-MIN_SECRET_CHARS = 8  # shorter values ("1", "true") would blank out unrelated text
-
-
-def credentials_in_environment() -> dict[str, str]:
-    """value -> variable name, for each variable whose name looks like a credential."""
-    found = {
-        value: name
-        for name, value in os.environ.items()
-        if any(word in name.upper() for word in CREDENTIAL_WORDS) and len(value) >= MIN_SECRET_CHARS
-    }
-    return dict(sorted(found.items(), key=lambda item: -len(item[0])))  # longest first
-
-
-def redact(value: Any) -> Any:
-    """`value` with every credential from the environment replaced by `<redacted NAME>`, in
-    strings and inside lists, tuples and dicts (a user may paste a key into an override)."""
-    return _redact(value, credentials_in_environment())
-
-
-def _redact(value: Any, found: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        for secret, name in found.items():
-            value = value.replace(secret, f"<redacted {name}>")
-        return value
-    if isinstance(value, dict):
-        return {k: _redact(v, found) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_redact(v, found) for v in value)
-    return value
-
 
 # ---------------------------------------------------------------- W&B mode
 

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from launch.errors import UserError
-from launch.runs import value_text
+from launch.runs import BOOKKEEPING, BOOKKEEPING_PREFIXES, value_text
 
 NAME_PART = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_NAME = 200  # a member's run name is a folder name (255 bytes on most filesystems)
@@ -91,9 +91,16 @@ class Grid:
             "axes": [
                 {"keys": list(a.keys), "values": [list(p) for p in a.points]} for a in self.axes
             ],
-            "fixed": list(self.fixed),
+            "fixed": [o for o in self.fixed if not bookkeeping(o)],
             "baseline": dict(self.baseline_cell().settings) if self.cells else {},
         }
+
+
+def bookkeeping(override: str) -> bool:
+    """An override that names, places or logs a run without changing what it trains: not part
+    of what makes a sweep the same sweep."""
+    key = override.partition("=")[0]
+    return key.startswith(BOOKKEEPING_PREFIXES) or key in BOOKKEEPING
 
 
 # ---------------------------------------------------------------- value lists

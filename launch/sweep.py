@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine.redact import redact
 from launch import cells as C
 from launch import check, compare, grid, render, request, stats
 from launch.cells import Cell, Member
@@ -203,7 +204,7 @@ def load_manifest(plan: Plan) -> dict[str, Any]:
 def save_manifest(
     plan: Plan, old: Mapping[str, Any], env: Mapping[str, str], argv: list[str]
 ) -> dict:
-    record = {
+    record = {  # redacted: ARGS may hold a pasted credential
         "sweep": plan.name,
         "recipe": plan.req.recipe,
         "config": plan.req.variant or None,
@@ -217,6 +218,7 @@ def save_manifest(
         "members": {p.req.run_name: {"cell": p.cell.name, "seed": p.seed} for p in plan.members},
         "attempts": dict(old.get("attempts") or {}),
     }
+    record = redact(record)
     write_manifest(plan.folder, record)
     return record
 
@@ -225,7 +227,7 @@ def write_manifest(folder: Path, record: Mapping[str, Any]) -> None:
     """Written whole or not at all (a sweep killed while writing keeps the last record)."""
     folder.mkdir(parents=True, exist_ok=True)
     part = folder / f".{MANIFEST}.part"
-    part.write_text(json.dumps(record, indent=2) + "\n")
+    part.write_text(json.dumps(redact(record), indent=2) + "\n")  # never a pasted credential
     os.replace(part, folder / MANIFEST)
 
 
@@ -244,29 +246,38 @@ def last_line(path: Path | None) -> str | None:
     return lines[-1][:300] if lines else None
 
 
-def live_jobs(attempts: Mapping[str, Mapping]) -> set[str]:
-    """The recorded SLURM array tasks still queued or running (squeue; none without it)."""
+def live_jobs(attempts: Mapping[str, Mapping]) -> set[str] | None:
+    """The recorded SLURM array tasks still queued or running; None where squeue cannot say
+    (not on PATH here, or no controller answers)."""
     arrays = sorted({a["job"].split("_")[0] for a in attempts.values() if a.get("job")})
     if not arrays:
         return set()
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(arrays)],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(arrays)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
-        return set()
+        return None
+    if out.returncode != 0 and "invalid job id" not in out.stderr.lower():
+        return None  # (an array SLURM has forgotten is an invalid id: none of it is live)
     pairs = (line.split() for line in out.stdout.splitlines())
     return {p[0] for p in pairs if len(p) == 2 and p[1] in LIVE_STATES}
 
 
-def stand(planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str]) -> Member:
+def stand(planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str] | None) -> Member:
     path = src / planned.req.run_dir
     member = Member(planned.req.run_name, planned.seed, path)
     summary = read_json(path / "summary.json", [])
     log = Path(attempt["log"]) if attempt.get("log") else None
     if summary is not None:
         member.status, member.summary = C.FINISHED, summary
-    elif attempt.get("job") in live:
+    elif attempt.get("job") and live is not None and attempt["job"] in live:
         member.status = "queued"
+    elif attempt.get("job") and live is None:  # not known to have failed
+        member.status, member.last_line = "unfinished", "squeue cannot say whether it is queued"
     elif failed(attempt, path):
         member.status, member.last_line = "failed", last_line(log) or attempt.get("said")
     elif path.exists():
@@ -476,22 +487,30 @@ def check_cells(plan: Plan, todo: list[Planned]) -> None:
 
 
 class SweepLock:
-    """One launch of a sweep at a time on this machine (a second is refused in one line)."""
+    """One launch of a sweep at a time on this machine (a second is refused in one line). A
+    sweep folder this launch made and left empty (a refused grid) is removed again."""
 
     def __init__(self, folder: Path):
+        self.folder, self.made = folder, not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise UserError(f"sweep {folder.name.removesuffix('-sweep')} is being run by another launch now; "
-                            "wait for it, or stop it and rerun") from None  # fmt: skip
+            name = folder.name.removesuffix("-sweep")
+            raise UserError(
+                f"sweep {name} is being run by another launch now; wait for it, or stop it "
+                "and rerun"
+            ) from None
 
     def __enter__(self) -> SweepLock:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.made and [p.name for p in self.folder.iterdir()] == [".lock"]:
+            (self.folder / ".lock").unlink()
+            self.folder.rmdir()
         os.close(self.fd)
 
 
@@ -511,22 +530,22 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
         check.slurm_support().require_sbatch()
     with SweepLock(plan.folder):
         old = load_manifest(plan)
-        record = save_manifest(plan, old, env, argv if argv is not None else sys.argv[1:])
-        found = standing(plan, record["attempts"])
+        found = standing(plan, old.get("attempts") or {})
         todo = [
             p
             for p, m in zip(plan.members, found, strict=True)
-            if m.status not in (C.FINISHED, "queued")
+            if not m.finished and m.status != "queued"
         ]
         said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
         print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
-        stopped = None
-        if todo:
+        if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
             check_cells(plan, todo)
-            if plan.slurm:
-                run_slurm(plan, todo, record, group_environ(plan.name), wait=not args.no_wait)
-            else:
-                stopped = run_local(plan, todo, record, group_environ(plan.name))
+        record = save_manifest(plan, old, env, argv if argv is not None else sys.argv[1:])
+        stopped = None
+        if todo and plan.slurm:
+            run_slurm(plan, todo, record, group_environ(plan.name), wait=not args.no_wait)
+        elif todo:
+            stopped = run_local(plan, todo, record, group_environ(plan.name))
         text, found = write_report(plan, record)
     print(text, end="")
     print(

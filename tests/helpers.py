@@ -161,14 +161,14 @@ def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
 
 def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
     """A copy of launch/ (and the torch-free engine modules it shares: the config schema,
-    recipe discovery, run names, result names) beside a fake engine.train and one recipe, so
+    recipe discovery, run names, result names, redaction) beside a fake engine.train and one recipe, so
     launch's real subprocess path can be run cheaply."""
     import shutil
 
     shutil.copytree(REPO / "launch", root / "launch", ignore=shutil.ignore_patterns("__py*"))
     (root / "engine").mkdir()
     (root / "engine" / "__init__.py").write_text("")
-    for shared in ("config.py", "catalog.py", "rundir.py", "results.py"):
+    for shared in ("config.py", "catalog.py", "rundir.py", "results.py", "redact.py"):
         shutil.copy(REPO / "engine" / shared, root / "engine" / shared)
     (root / "engine" / "train.py").write_text(fake_train)
     (root / "recipes" / "digits").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """Optional packages never break training: a machine with torch and torchvision alone (a GPU
-benchmark machine, a site image) lacks wandb, submitit, safetensors, matplotlib or
+benchmark machine, a site image) lacks wandb, submitit, safetensors, matplotlib, scipy or
 scikit-learn. Real processes in which a sitecustomize.py makes those modules unimportable
 (`sys.modules[name] = None`, as tests/bench/test_gpu_script.py does): what needs none of them
 works; what needs one is a single line naming the fix, with no traceback."""
@@ -180,6 +180,22 @@ def test_local_launch_needs_neither_submitit_nor_wandb(tmp_path):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.splitlines().count(WANDB_NOTE) == 1
     assert json.loads((run_dir(tmp_path, "t") / "summary.json").read_text())
+
+
+# ---------------------------------------------------------------- scipy
+
+
+def test_sweep_and_compare_without_scipy_are_one_line_before_anything_runs(tmp_path, trained):
+    pythonpath = without(tmp_path, "scipy")
+    args = f"run.root={tmp_path} run.name=s train.max_steps=2"
+    dry = launch("sweep", "--gpus", "0", DRY_RUN="1", ARGS=args, PYTHONPATH=pythonpath)
+    assert dry.returncode == 0 and "run.name=s-seed2" in dry.stdout  # a dry run needs no scipy
+    for args_ in (["sweep", "--gpus", "0"], ["compare", str(trained)]):
+        done = launch(*args_, ARGS=args, PYTHONPATH=pythonpath)
+        assert done.returncode == 1, done.stderr
+        (line,) = error_lines(done.stderr)
+        assert line.startswith("launch: the comparison needs scipy, which is not installed here")
+    assert not (tmp_path / "digits").exists()  # no member was started
 
 
 # ---------------------------------------------------------------- matplotlib

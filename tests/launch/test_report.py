@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from launch import charts, cli, report, runs, sweep
+from launch import charts, cli, report, runs
 from tests import helpers
 
 pytestmark = pytest.mark.slow
@@ -208,35 +208,24 @@ def test_a_torn_last_metrics_line_is_skipped_and_said(root, tmp_path, capsys):
     assert len(kept.train) + len(kept.eval) == number - 1
 
 
-# ---------------------------------------------------------------- the sweep's chart
+# ---------------------------------------------------------------- the seed sweep's report
 
 
-def test_the_sweep_report_embeds_its_chart_and_its_mean_and_std_match_the_seeds(root):
+def test_the_seed_sweep_report_embeds_its_chart_and_its_statistics_match_the_seeds(root):
     folder = root / "digits" / "sw-sweep"
     text = (folder / "report.md").read_text()
-    assert "](chart.png)" in text and json.loads((folder / "report.json").read_text())["chart"]
-    assert image_size(folder / "chart.png") == charts.SWEEP_PX
-    seeds = [summary(root, f"sw-seed{i}") for i in range(3)]
-    mean_row = next(line for line in text.splitlines() if line.startswith("| mean ± std"))
-    for key in ("top1", "top5", "eval_loss"):
-        values = [s[key] for s in seeds]
-        mean, std = sweep.fmt(statistics.fmean(values)), sweep.fmt(statistics.stdev(values))
-        assert f"| {mean} ± {std} |" in mean_row, key
-
-
-def test_the_sweep_chart_draws_the_seeds_mean_and_std(root):
-    dirs = {i: helpers.run_dir(root, f"sw-seed{i}") for i in range(3)}
-    data = sweep.sweep_chart(dirs, sweep.read_summaries(dirs))
-    losses = [{r["step"]: r["loss"] for r in helpers.records(root, f"sw-seed{i}", "train")}
-              for i in range(3)]  # fmt: skip
-    assert data.loss.steps == sorted(losses[0]) and len(data.loss.steps) == 6
-    for step, mean, std in zip(data.loss.steps, data.loss.mean, data.loss.std, strict=True):
-        assert mean == pytest.approx(statistics.fmean(loss[step] for loss in losses))
-        assert std == pytest.approx(statistics.stdev(loss[step] for loss in losses))
-    finals = {i: summary(root, f"sw-seed{i}")["top1"] for i in range(3)}
-    assert data.finals == finals and data.metric.steps == [22, 24]
-    assert data.mean == pytest.approx(statistics.fmean(finals.values()))
-    assert data.metric.mean[-1] == pytest.approx(data.mean)  # the last evaluation is the final
+    data = json.loads((folder / "report.json").read_text())
+    assert "](chart.png)" in text and data["chart"] == "chart.png"
+    assert image_size(folder / "chart.png") == charts.CELLS_PX
+    (cell,) = data["cells"]
+    assert [m["run"] for m in cell["members"]] == [f"sw-seed{i}" for i in range(3)]
+    values = [summary(root, f"sw-seed{i}")["top1"] for i in range(3)]
+    top1 = cell["top1"]
+    assert top1["n"] == 3 and top1["mean"] == pytest.approx(statistics.fmean(values))
+    assert top1["std"] == pytest.approx(statistics.stdev(values))
+    assert top1["low"] < top1["mean"] < top1["high"]
+    row = next(line for line in text.splitlines() if line.startswith("| 1 | sw (baseline) |"))
+    assert f"| 3 finished | {top1['mean']:.4f} | {top1['std']:.4f} |" in row
 
 
 def test_a_language_model_is_reported_by_its_eval_loss(tmp_path):

@@ -181,8 +181,10 @@ import json, os, sys
 from pathlib import Path
 
 def main(argv):
-    if "--check" in argv:
-        return 0
+    if "--check" in argv:  # the engine refuses a value, in its one line
+        bad = [a for a in argv if a.endswith("=abc")]
+        print(*(f"error: {b}: not a number" for b in bad[:1]), file=sys.stderr)
+        return 2 if bad else 0
     recipe, args = argv[0], dict(a.split("=", 1) for a in argv[1:] if "=" in a)
     name, seed, lr = args["run.name"], int(args["seed"]), float(args.get("optim.lr", 0.1))
     run = Path(args.get("run.root", "runs")) / recipe / name
@@ -274,6 +276,30 @@ def test_a_changed_grid_under_the_same_name_is_one_line_and_runs_nothing(checkou
         "launch: sweep g already exists with another grid: optim.lr was 0.1,0.5, now 0.1,0.2; "
         "rerun it as it was, or give the new grid a new name (run.name=...)"
     ]
+
+
+def test_a_value_the_engine_refuses_is_one_line_and_the_fixed_grid_then_runs(checkout):
+    done = launch_sweep(checkout, SEEDS="1", ARGS=GRID.replace("0.1,0.5", "0.1,abc"))
+    assert done.returncode == 2 and ran(done) == []
+    assert done.stderr.splitlines()[-1].startswith("launch: optim.lr=abc: not a number")
+    assert not (checkout / "runs" / "digits" / "g-sweep").exists()  # nothing recorded
+    assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0
+
+
+def test_logging_and_placement_are_not_part_of_the_grid(checkout):
+    assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0
+    done = launch_sweep(checkout, SEEDS="1", ARGS=f"{GRID} log.wandb=off")
+    assert done.returncode == 0 and ran(done) == [], done.stderr
+
+
+def test_a_pasted_credential_is_never_recorded(checkout):
+    secret = "sk-0123456789abcdef"
+    done = launch_sweep(checkout, SEEDS="1", ARGS=f"{GRID} log.note={secret}", MY_API_KEY=secret)
+    assert done.returncode == 0, done.stderr
+    folder = checkout / "runs" / "digits" / "g-sweep"
+    for name in ("sweep.json", "report.json", "report.md"):
+        text = (folder / name).read_text()
+        assert secret not in text and "<redacted MY_API_KEY>" in text, name
 
 
 def test_seeds_can_grow_but_not_shrink(checkout):

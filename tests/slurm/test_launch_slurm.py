@@ -2,7 +2,7 @@
 digits recipe: a 2-node job that records both hosts and passes the digits bar; a preemption
 (SIGUSR2) mid-training that requeues the job and resumes it bit for bit in the same W&B run;
 the rendered sbatch script, checked by `sbatch --test-only` and run by hand through a
-preemption; a seed sweep as a job array with its mean ± std report."""
+preemption; a grid sweep as one job array with a concurrency limit, and its report."""
 
 from __future__ import annotations
 
@@ -191,40 +191,45 @@ def test_rendered_sbatch_script_requeues_on_75_and_resumes(slurm_cluster, tmp_pa
     assert stopped < summary["steps"]
 
 
-def test_sweep_of_three_seeds_as_a_job_array_reports_mean_and_std(slurm_cluster, tmp_path):
-    args = f"train.epochs=1 run.name=sw run.root={tmp_path}/runs"
-    dry = printed_script("sweep", "--slurm", "--seeds", "3", ARGS=args)
-    done = launch("sweep", "--slurm", "--seeds", "3", ARGS=args, timeout=400)
+def test_a_grid_sweep_is_one_job_array_with_its_concurrency_limit(slurm_cluster, tmp_path):
+    grid = "optim.lr=0.1,0.05 model.width=8,16"
+    args = f"{grid} train.epochs=1 run.name=sw run.root={tmp_path}/runs"
+    env = {"SEEDS": "2", "PARALLEL": "2", "ARGS": args}
+    dry = printed_script("sweep", "--slurm", **env)
+    assert "#SBATCH --array=0-7%2\n" in dry  # 2 x 2 cells x 2 seeds, 2 tasks at once
+    done = launch("sweep", "--slurm", timeout=600, **env)
     tasks = re.findall(r"submitted (\d+)_(\d+): (\S+)", done.stdout)
     slurm_cluster.submitted += [f"{array}_{i}" for array, i, _ in tasks]
     assert done.returncode == 0, done.stdout + done.stderr
     assert len({array for array, _, _ in tasks}) == 1, done.stdout  # one job array
     array = tasks[0][0]
-    written = tmp_path / "runs" / "digits" / "sw-sweep" / "slurm" / f"{array}_submission.sh"
-    assert written.read_text() == dry
-    assert [(i, name) for _, i, name in tasks] == [(str(s), f"sw-seed{s}") for s in range(3)]
-
     parent = tmp_path / "runs" / "digits"
-    for seed in range(3):
-        assert (
-            yaml.safe_load((parent / f"sw-seed{seed}" / "config.yaml").read_text())["seed"] == seed
-        )
-    top1 = [
-        json.loads((parent / f"sw-seed{s}" / "summary.json").read_text())["top1"] for s in range(3)
-    ]
-    data = json.loads((parent / "sw-sweep" / "report.json").read_text())
-    assert data["seeds"] == [0, 1, 2]
-    assert [data["runs"][str(s)]["run"] for s in range(3)] == ["sw-seed0", "sw-seed1", "sw-seed2"]
-    stats = data["metrics"]["top1"]
-    assert stats["n"] == 3
-    assert stats["mean"] == pytest.approx(statistics.fmean(top1), abs=1e-12)
-    assert stats["std"] == pytest.approx(statistics.stdev(top1), abs=1e-12)
+    written = parent / "sw-sweep" / "slurm" / f"{array}_submission.sh"
+    assert written.read_text() == dry
+    cells = ["lr0.1-width8", "lr0.1-width16", "lr0.05-width8", "lr0.05-width16"]
+    members = [f"sw-{c}-seed{s}" for s in range(2) for c in cells]
+    assert [(int(i), name) for _, i, name in tasks] == list(enumerate(members))
 
-    markdown = (parent / "sw-sweep" / "report.md").read_text()
-    assert markdown in done.stdout
-    mean_row = next(line for line in markdown.splitlines() if line.startswith("| mean ± std |"))
-    assert f"{stats['mean']:.4f} ± {stats['std']:.4f}" in mean_row, markdown
-    assert "over 3 seeds" in markdown
+    config = yaml.safe_load((parent / members[7] / "config.yaml").read_text())
+    assert (config["seed"], config["optim"]["lr"], config["model"]["width"]) == (1, 0.05, 16)
+    data = json.loads((parent / "sw-sweep" / "report.json").read_text())
+    by_name = {c["name"]: c for c in data["cells"]}
+    assert data["grid"]["axes"] == {"optim.lr": ["0.1", "0.05"], "model.width": ["8", "16"]}
+    assert data["parallel"] == 2 and data["command"]["env"]["PARALLEL"] == "2"
+    for cell in cells:
+        top1 = [
+            json.loads((parent / f"sw-{cell}-seed{s}" / "summary.json").read_text())["top1"]
+            for s in range(2)
+        ]
+        stats = by_name[cell]["top1"]
+        assert by_name[cell]["counts"] == {"finished": 2}
+        assert stats["mean"] == pytest.approx(statistics.fmean(top1), abs=1e-12)
+        assert stats["std"] == pytest.approx(statistics.stdev(top1), abs=1e-12)
+    assert (parent / "sw-sweep" / "report.md").read_text() in done.stdout
+
+    again = launch("sweep", "--slurm", timeout=120, **env)  # every member finished
+    assert again.returncode == 0 and "submitted" not in again.stdout, again.stderr
+    assert "8 of 8 members finished or queued; 0 to run" in again.stderr
 
 
 def refused(**env: str) -> str:
