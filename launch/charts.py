@@ -294,6 +294,12 @@ def _cell_curve(ax, cells: list[Cell], headline: Headline, curve: str | None) ->
     xs = [c.settings[curve] for group in groups.values() for c in group]
     if xs and min(xs) > 0 and max(xs) / min(xs) >= 10:
         ax.set_xscale("log")
+    if xs and len(set(xs)) <= 12:  # ticks at the swept values, as written (0.02, not 2e-2)
+        from matplotlib.ticker import NullFormatter, NullLocator  # optional
+
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(sorted(set(xs)), [f"{x:g}" for x in sorted(set(xs))])
     ax.set_title(f"final {label} against {curve} (mean, 95% interval)")
     ax.set_xlabel(curve)
     if ax.lines:
