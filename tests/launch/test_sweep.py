@@ -3,6 +3,7 @@ ARGS and sweep files, the statistics against scipy's own, resuming a sweep, refu
 grid, the dry runs (a job array with a concurrency limit). tests/launch/test_sweep_digits.py
 runs a grid with the real engine; tests/slurm submits one."""
 
+import fcntl
 import json
 import random
 import subprocess
@@ -300,6 +301,19 @@ def test_a_pasted_credential_is_never_recorded(checkout):
     for name in ("sweep.json", "report.json", "report.md"):
         text = (folder / name).read_text()
         assert secret not in text and "<redacted MY_API_KEY>" in text, name
+
+
+def test_a_second_launch_of_a_running_sweep_is_one_line(checkout):
+    folder = checkout / "runs" / "digits" / "g-sweep"
+    folder.mkdir(parents=True)
+    with open(folder / ".lock", "w") as held:  # as a launch running the sweep holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = launch_sweep(checkout, SEEDS="1", ARGS=GRID)
+    assert done.returncode == 2 and ran(done) == []
+    assert done.stderr == (
+        "launch: sweep g is being run by another launch now; wait for it, or stop it and rerun\n"
+    )
+    assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0  # released: it runs
 
 
 def test_seeds_can_grow_but_not_shrink(checkout):
