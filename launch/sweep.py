@@ -461,17 +461,28 @@ def outcome(plan: Plan, found: list[Member]) -> int:
 # ---------------------------------------------------------------- the command
 
 
+def to_run(plan: Plan, attempts: Mapping[str, Mapping]) -> tuple[list[Planned], list[Member]]:
+    """(the members a launch runs now: neither finished nor queued, how every member stands)."""
+    found = standing(plan, attempts)
+    todo = [
+        p
+        for p, m in zip(plan.members, found, strict=True)
+        if m.status not in (C.FINISHED, "queued")
+    ]
+    return todo, found
+
+
 def dry_run(plan: Plan) -> int:
-    if plan.slurm:  # the one job array submitit would submit
+    """What a launch would run now: a rerun's dry run leaves out what is finished or queued."""
+    todo, _ = to_run(plan, load_manifest(plan).get("attempts") or {})
+    if not todo:
+        print(f"# sweep {plan.name}: every member is finished or queued; nothing to run")
+    elif plan.slurm:  # the one job array submitit would submit
         slurm = check.slurm_support()
-        print(
-            slurm.dry_run(
-                [p.req for p in plan.members], plan.folder / "slurm", plan.name, plan.parallel
-            ),
-            end="",
-        )
+        reqs = [p.req for p in todo]
+        print(slurm.dry_run(reqs, plan.folder / "slurm", plan.name, plan.parallel), end="")
     else:
-        for p in plan.members:
+        for p in todo:
             print(render.shell_join(render.local(p.req)))
     return 0
 
@@ -530,12 +541,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
         check.slurm_support().require_sbatch()
     with SweepLock(plan.folder):
         old = load_manifest(plan)
-        found = standing(plan, old.get("attempts") or {})
-        todo = [
-            p
-            for p, m in zip(plan.members, found, strict=True)
-            if not m.finished and m.status != "queued"
-        ]
+        todo, found = to_run(plan, old.get("attempts") or {})
         said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
         print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
         if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed

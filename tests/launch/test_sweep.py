@@ -325,6 +325,9 @@ def test_seeds_can_grow_but_not_shrink(checkout):
     assert fewer.returncode == 2 and "has 2 seeds; SEEDS=1 would leave some out" in fewer.stderr
     same = launch_sweep(checkout, ARGS=GRID)  # SEEDS unset: the sweep's own
     assert same.returncode == 0 and ran(same) == []
+    dry = launch_sweep(checkout, DRY_RUN="1", SEEDS="3", ARGS=GRID)  # what a rerun would run
+    assert dry.returncode == 0 and len(dry.stdout.splitlines()) == 4
+    assert all(line.endswith(" seed=2") for line in dry.stdout.splitlines())
 
 
 def test_the_report_alone_rebuilds_from_sweep_json(checkout):
