@@ -69,6 +69,14 @@ class Plan:
     slurm: bool
     folder: Path  # <run root>/<recipe>/<name>-sweep
     members: list[Planned]
+    named: bool = True  # False: the name was made up for this launch
+
+    @property
+    def rerun(self) -> str:
+        """How to go on with this sweep: the same command, naming the sweep if it did not."""
+        if self.named:
+            return "rerun the same command"
+        return f"rerun the same command with run.name={self.name} in ARGS"
 
     @property
     def name(self) -> str:
@@ -136,7 +144,8 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     own = tuple(o for o in req.overrides if o.partition("=")[0] not in ("seed", "run.name"))
     sweep_file = args.sweep or env.get("SWEEP") or None
     the_grid = grid.build(own, sweep_file, args.baseline or env.get("BASELINE") or None)
-    name = sweep_name(req, the_grid, request.run_name(req.overrides))
+    given = request.run_name(req.overrides)
+    name = sweep_name(req, the_grid, given)
     req = replace(req, run_name=name, overrides=own)
     folder = report_dir(req.src, req.run_root, req.recipe, name)
     seeds = pick_int(args.seeds, "--seeds", env, "SEEDS", "use e.g. SEEDS=5")
@@ -148,7 +157,9 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
             "one member at a time"
         )
     parallel = parallel or the_grid.parallel
-    return Plan(req, the_grid, seeds, parallel, use_slurm, folder, members(req, the_grid, seeds))
+    named = the_grid.name is not None or given is not None
+    planned = members(req, the_grid, seeds)
+    return Plan(req, the_grid, seeds, parallel, use_slurm, folder, planned, named)
 
 
 # ---------------------------------------------------------------- sweep.json
@@ -454,7 +465,7 @@ def outcome(plan: Plan, found: list[Member]) -> int:
     }
     said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     print(f"launch: sweep {plan.name}: {len(found) - len(left)} of {len(found)} members finished "
-          f"({said}); rerun the same command to run the rest", file=sys.stderr)  # fmt: skip
+          f"({said}); {plan.rerun} to run the rest", file=sys.stderr)  # fmt: skip
     return 1
 
 
@@ -560,7 +571,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
     if stopped is not None:
         name = signal.Signals(stopped).name
         print(
-            f"launch: sweep {plan.name} stopped by {name}; rerun the same command to go on",
+            f"launch: sweep {plan.name} stopped by {name}; {plan.rerun} to go on",
             file=sys.stderr,
         )
         return 128 + stopped

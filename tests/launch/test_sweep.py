@@ -196,7 +196,7 @@ def main(argv):
     task = {"headline": "top1", "higher_is_better": True, "unit": "samples"}
     (run / "env.json").write_text(json.dumps({"task": task, "git_sha": "abc"}))
     print(f"training {name}", file=sys.stderr)
-    if os.environ.get("FAIL_RUN") == name:
+    if os.environ.get("FAIL_RUN") and name.endswith(os.environ["FAIL_RUN"]):
         print(f"RuntimeError: planted failure in {name}", file=sys.stderr)
         return 1
     top1 = 0.9 - abs(lr - 0.1) + 0.01 * seed
@@ -267,6 +267,18 @@ def test_a_failed_member_is_listed_with_its_last_line_and_a_rerun_runs_only_it(c
     again = launch_sweep(checkout, SEEDS="2", ARGS=GRID)
     assert again.returncode == 0, again.stderr
     assert ran(again) == [failing]
+
+
+def test_an_unnamed_sweep_says_which_name_to_rerun_it_with(checkout):
+    done = launch_sweep(checkout, SEEDS="1", ARGS="optim.lr=0.1,0.5", FAIL_RUN="-lr0.5-seed0")
+    assert done.returncode == 1
+    name = done.stderr.split("sweep ", 1)[1].split(":", 1)[0]  # "sweep <name>: 0 of 2 ..."
+    assert "-digits-" in name  # a new time-stamped name, as a training run gets
+    assert done.stderr.splitlines()[-1].endswith(
+        f"rerun the same command with run.name={name} in ARGS to run the rest"
+    )
+    again = launch_sweep(checkout, SEEDS="1", ARGS=f"optim.lr=0.1,0.5 run.name={name}")
+    assert again.returncode == 0 and ran(again) == [f"{name}-lr0.5-seed0"]
 
 
 def test_a_changed_grid_under_the_same_name_is_one_line_and_runs_nothing(checkout):
