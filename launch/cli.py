@@ -79,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render the command for a training request and print it or run it.",
         epilog="Overrides go last, after --: python -m launch train --gpus 0 -- optim.lr=0.2. "
         "report RUN_DIR...: a chart and a Markdown summary of the runs, written in their common "
-        "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given).",
+        "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given). "
+        "sweep: every combination of comma-separated override values x SEEDS, e.g. "
+        "sweep --seeds 3 -- optim.lr=0.05,0.1 run.name=lr; compare RUN_DIR...: runs grouped by "
+        "what differs, each group against the first by Welch's t-test.",
     )
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")
