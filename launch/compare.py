@@ -294,6 +294,17 @@ def mark_baseline(cells: list[Cell], text: str | None) -> None:
     matches[0].baseline = True
 
 
+def title_of(cells: list[Cell], keys: list[str]) -> str:
+    n = sum(len(c.members) for c in cells)
+    groups = f"{len(cells)} group" + ("s" if len(cells) > 1 else "")
+    return f"Comparison of {n} runs in {groups}" + (f" by {', '.join(keys)}" if keys else "")
+
+
+def git_texts(found: list[runs.Run]) -> str:
+    """The commits the runs were trained at (each once)."""
+    return ", ".join(sorted({report.git_text(r.env) for r in found}))
+
+
 def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     found = report.read_runs(report.run_paths(args, env, command="compare"))
     parent = report.common_parent(found)
@@ -307,13 +318,8 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     stats.require_scipy()
     members = [m for c in cells for m in c.members]
     headline = headline_of(members, {r.name: r.env for r in found})
-    n = sum(len(c.members) for c in cells)
-    title = f"Comparison of {n} runs in {len(cells)} groups" + (
-        f" by {', '.join(keys)}" if keys else ""
-    )
-    rep = Report(
-        title, headline, {"runs": [str(r.path) for r in found]}, keys, C.numeric_axis(cells)
-    )
+    record = {"runs": [str(r.path) for r in found], "git_text": git_texts(found)}
+    rep = Report(title_of(cells, keys), headline, record, keys, C.numeric_axis(cells))
     try:
         print(write(cells, rep, md, js, png), end="")
     except OSError as err:
