@@ -91,6 +91,14 @@ def test_a_sweep_file_zips_keys_and_names_its_baseline(tmp_path):
     assert by_flag.baseline_cell().name == "lr0.05-warmup_steps40-epochs20"
 
 
+def test_a_sweep_file_sweeps_lists_as_values(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("grid:\n  optim.betas: [[0.9, 0.99], [0.8, 0.9]]\n  optim.name: [adamw, sgd]\n")
+    g = grid.build([], str(path), None)
+    assert [c.name for c in g.cells][:2] == ["betas0.9_0.99-nameadamw", "betas0.9_0.99-namesgd"]
+    assert g.cells[3].overrides == ("optim.betas=[0.8, 0.9]", "optim.name=sgd")
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
