@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from launch import cells as C
-from launch import charts, report, runs, stats
+from launch import charts, grid, report, runs, stats
 from launch.cells import Cell, Member
 from launch.errors import UserError, printable
-from launch.grid import canonical, parse_baseline
 from launch.runs import Headline
 
 SEED = "seed"
@@ -277,21 +276,22 @@ def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
     return keys, list(cells.values())
 
 
+def setting_texts(cell: Cell) -> dict[str, str]:
+    """A group's settings as overrides write them, to match BASELINE's texts against."""
+    return {k: runs.value_text(v) for k, v in cell.settings.items()}
+
+
 def mark_baseline(cells: list[Cell], text: str | None) -> None:
     if not text:
         cells[0].baseline = True
         return
-    wanted = parse_baseline(text)
-    matches = [
-        c for c in cells
-        if all(repr(canonical(runs.value_text(c.settings.get(k, runs.UNSET)))) == repr(canonical(v))
-               for k, v in wanted.items())
-    ]  # fmt: skip
-    if len(matches) != 1:
-        said = "no group" if not matches else f"{len(matches)} groups"
+    wanted = grid.parse_baseline(text)
+    found = [c for c in cells if grid.matches(setting_texts(c), wanted)]
+    if len(found) != 1:
+        said = "no group" if not found else f"{len(found)} groups"
         names = "; ".join(c.name for c in cells)
         raise UserError(f"BASELINE={text!r} matches {said}; the groups are: {names}")
-    matches[0].baseline = True
+    found[0].baseline = True
 
 
 def title_of(cells: list[Cell], keys: list[str]) -> str:

@@ -133,6 +133,16 @@ def canonical(text: str) -> Any:
         return text
 
 
+def same_value(a: str, b: str) -> bool:
+    """Whether two override texts give the engine one value (0.1 and 0.10 do)."""
+    return repr(canonical(a)) == repr(canonical(b))
+
+
+def matches(settings: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    """Whether settings ({key: text}) hold every value wanted names."""
+    return all(k in settings and same_value(settings[k], v) for k, v in wanted.items())
+
+
 def check_values(key: str, values: Sequence[str], where: str) -> None:
     if any(v.strip() == "" for v in values):
         raise UserError(f"{where}: {key} has an empty value in {','.join(values)!r}; drop it")
@@ -309,17 +319,13 @@ def pick_baseline(cells: Sequence[Cell], wanted: Mapping[str, Any], where: str) 
     stray = next((k for k in texts if k not in keys), None)
     if stray:
         raise UserError(f"{where}: baseline names {stray}, which is not swept; name swept keys")
-    matches = [
-        c
-        for c in cells
-        if all(repr(canonical(dict(c.settings)[k])) == repr(canonical(v)) for k, v in texts.items())
-    ]
-    if len(matches) != 1:
-        said = "no cell" if not matches else f"{len(matches)} cells"
+    found = [c for c in cells if matches(dict(c.settings), texts)]
+    if len(found) != 1:
+        said = "no cell" if not found else f"{len(found)} cells"
         raise UserError(
             f"{where}: baseline {texts} matches {said}; name one cell, e.g. {dict(cells[0].settings)}"
         )
-    return matches[0].settings
+    return found[0].settings
 
 
 def parse_baseline(text: str) -> dict[str, str]:

@@ -124,17 +124,19 @@ def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
     print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
 
 
-def git_short_sha(src: Path) -> str | None:
+def git(src: Path, *words: str) -> str | None:
+    """`git -C src WORDS`'s output, or None where git or the history is missing."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=20,
+            ["git", "-C", str(src), *words], capture_output=True, text=True, timeout=20
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_short_sha(src: Path) -> str | None:
+    return git(src, "rev-parse", "--short=12", "HEAD")
 
 
 def default_image(src: Path) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 from engine.redact import redact
 from launch import cells as C
-from launch import check, compare, grid, render, request, stats
+from launch import check, compare, grid, render, report, request, stats
 from launch.cells import Cell, Member
 from launch.errors import UserError
 from launch.render import Request
@@ -166,17 +166,9 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
 
 
 def git_state() -> dict[str, Any]:
-    def git(*words: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(request.ROOT), *words], capture_output=True, text=True, timeout=20
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    status = git("status", "--porcelain")
-    return {"sha": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+    status = request.git(request.ROOT, "status", "--porcelain")
+    sha = request.git(request.ROOT, "rev-parse", "HEAD")
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
 
 
 def command(env: Mapping[str, str], argv: list[str]) -> dict[str, Any]:
@@ -246,15 +238,13 @@ def write_manifest(folder: Path, record: Mapping[str, Any]) -> None:
 
 
 def last_line(path: Path | None) -> str | None:
-    """The last non-empty line of a log (its last 64 KiB), or None."""
+    """The last non-empty line of a log (read from its last 64 KiB), or None."""
     if path is None or not path.is_file():
         return None
     with path.open("rb") as f:
         f.seek(max(0, path.stat().st_size - 65536))
-        lines = [
-            line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()
-        ]
-    return lines[-1][:300] if lines else None
+        said = check.last_line(f.read().decode(errors="replace"))
+    return said[:300] or None
 
 
 def live_jobs(attempts: Mapping[str, Mapping]) -> set[str] | None:
@@ -417,15 +407,11 @@ def report_cells(plan: Plan, found: list[Member]) -> list[Cell]:
     return list(by_cell.values())
 
 
-def git_text(record: Mapping[str, Any], found: list[Member]) -> str:
-    """The launch's checkout, and the SHAs the finished members recorded where they differ."""
-    sha = (record.get("git") or {}).get("sha") or "unknown"
-    text = sha[:12] + (" (dirty)" if (record.get("git") or {}).get("dirty") else "")
-    shas = set()
-    for m in found:
-        env = read_json(m.path / "env.json", []) if m.finished else None
-        if env and env.get("git_sha"):
-            shas.add(str(env["git_sha"])[:12] + (" (dirty)" if env.get("git_dirty") else ""))
+def git_text(record: Mapping[str, Any], envs: Mapping[str, dict]) -> str:
+    """The launch's checkout, and the commits the finished members ran at where they differ."""
+    git = record.get("git") or {}
+    text = report.git_text({"git_sha": git.get("sha"), "git_dirty": git.get("dirty")})
+    shas = {report.git_text(env) for env in envs.values() if env.get("git_sha")}
     if shas and shas != {text}:
         text += f"; members ran at {', '.join(sorted(shas))}"
     return text
@@ -434,20 +420,18 @@ def git_text(record: Mapping[str, Any], found: list[Member]) -> str:
 def write_report(plan: Plan, record: dict[str, Any]) -> tuple[str, list[Member]]:
     found = standing(plan, record.get("attempts") or {})
     cells = report_cells(plan, found)
-    finished = sum(m.finished for m in found)
+    finished = [m for m in found if m.finished]
     shape = " x ".join(str(len(a.points)) for a in plan.grid.axes) or "1"
     title = (f"Sweep {plan.name} ({plan.req.recipe}): {shape} cells x {plan.seeds} seeds, "
-             f"{finished} of {len(found)} members finished")  # fmt: skip
-    envs = {m.name: read_json(m.path / "env.json", []) or {} for m in found if m.finished}
-    headline = compare.headline_of([m for m in found if m.finished] or found, envs)
-    keys = plan.grid.keys
+             f"{len(finished)} of {len(found)} members finished")  # fmt: skip
+    envs = {m.name: read_json(m.path / "env.json", []) or {} for m in finished}
+    headline = compare.headline_of(finished or found, envs)
     kept = {
         k: record[k]
         for k in ("sweep", "recipe", "config", "grid", "seeds", "parallel", "command", "git")
     }
-    rep = compare.Report(
-        title, headline, kept | {"git_text": git_text(record, found)}, keys, C.numeric_axis(cells)
-    )
+    kept["git_text"] = git_text(record, envs)
+    rep = compare.Report(title, headline, kept, plan.grid.keys, C.numeric_axis(cells))
     folder = plan.folder
     text = compare.write(
         cells, rep, folder / "report.md", folder / "report.json", folder / "chart.png"
@@ -553,10 +537,10 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
     with SweepLock(plan.folder):
         old = load_manifest(plan)
         todo, found = to_run(plan, old.get("attempts") or {})
-        said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
-        print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
         if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
             check_cells(plan, todo)
+        said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
+        print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
         record = save_manifest(plan, old, env, argv if argv is not None else sys.argv[1:])
         stopped = None
         if todo and plan.slurm:
