@@ -2,14 +2,15 @@
 
     python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] [--spawn N]
     python -m engine.train --config FILE [key=value ...]    (the file names its recipe)
-    python -m engine.train RECIPE [...] --print-config | --check N
+    python -m engine.train RECIPE [...] --print-config | --check N[,M...]
     python -m engine.train RECIPE [...] --eval PATH [--ema] [--out FILE] [--spawn N]
     python -m engine.train [RECIPE] --help
 
 The config: engine defaults < the recipe's config.yaml < the variant or config file < W&B's
 environment variables < key=value overrides. `--help` lists every key, generated from the
 config dataclasses. `--print-config` prints the resolved config as a run would save it and
-`--check N` runs the checks for N processes; neither writes anything.
+`--check N` runs the checks for N processes (`--check 2,4,6`: for each world size an elastic
+run may take); neither writes anything.
 
 Exit codes: 0 done, 1 failure, 2 bad request (one line on stderr), 75 stopped on a
 preemption signal with a checkpoint saved (rerun the same command to resume)."""
@@ -26,7 +27,7 @@ import torch
 from engine import catalog, finetune, preempt, rundir
 from engine import config as C
 from engine import distributed as D
-from engine.data.sampler import plan_batches
+from engine.data.sampler import check_elastic
 from engine.faults import RunError
 from engine.recipe import Recipe
 from engine.score import score
@@ -37,7 +38,7 @@ from engine.train import PeerFailure, train
 
 USAGE = (
     "usage: python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] "
-    "[--spawn N | --check N | --print-config | --eval PATH [--ema] [--out FILE] | --help]"
+    "[--spawn N | --check N[,M...] | --print-config | --eval PATH [--ema] [--out FILE] | --help]"
 )
 
 OPTIONS = f"""{USAGE}
@@ -52,8 +53,9 @@ options:
                       run.name=... is given again.
   --spawn N           run N local processes (gloo on CPU, one GPU each on CUDA)
   --print-config      print the resolved config (what the run saves as config.yaml), then exit
-  --check N           resolve the config and check it for N processes, then exit; writes
-                      nothing. The data too, where its location exists on this machine
+  --check N[,M...]    resolve the config and check it for N processes, then exit; writes
+                      nothing. The data too, where its location exists on this machine.
+                      Several counts: every world size of an elastic run (NODES=MIN:MAX)
   --data-here         with --check: the data must be on this machine (a local launch)
   --eval PATH         evaluate only: score a checkpoint, run folder, export or weights file
                       on the held-out split (any number of processes) and write the result
@@ -80,7 +82,7 @@ class Request:
     config: str = ""  # a variant's name or a config file's path (catalog.is_config_file)
     overrides: list[str] = field(default_factory=list)
     spawn: int = 0  # > 1: start this many local processes
-    check: int = 0  # > 0: check the config for this many processes, then exit
+    check: tuple[int, ...] = ()  # check the config for these world sizes, then exit
     data_here: bool = False  # --check: missing data is an error, not "on another machine"
     print_config: bool = False
     help: bool = False
@@ -128,6 +130,13 @@ def _count(flag: str, text: str | None, least: int) -> int:
     return count
 
 
+def _counts(flag: str, text: str | None) -> tuple[int, ...]:
+    """`N` or `N,M,...`: process counts, each at least 1; () when the flag is absent."""
+    if text is None:
+        return ()
+    return tuple(_count(flag, part, least=1) for part in text.split(","))
+
+
 def parse_argv(argv: list[str]) -> Request:
     args = list(argv)
     wants_help = _take_flag(args, "--help", "-h")
@@ -139,7 +148,7 @@ def parse_argv(argv: list[str]) -> Request:
     if (ema or out) and not evaluate:
         raise C.ConfigError(f"--ema and --out go with --eval PATH; {USAGE}")
     spawn = _count("--spawn", _take_option(args, "--spawn"), least=0)
-    check = _count("--check", _take_option(args, "--check"), least=1)
+    check = _counts("--check", _take_option(args, "--check"))
     config = _take_option(args, "--config") or ""
     named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
@@ -214,7 +223,7 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     """--check N: the checks a launch of N processes makes first; --print-config: the config.
     Neither writes anything."""
     if request.check:
-        preflight(cfg, request.check)
+        preflight(cfg, *request.check)
         if note := wandb_missing_note(cfg.log):
             print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)
@@ -223,7 +232,8 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     if request.print_config:
         sys.stdout.write(redact(C.dump(cfg)))
     else:
-        print(f"config ok for {request.check} processes")
+        sizes = ", ".join(map(str, request.check))
+        print(f"config ok for {' or '.join(sizes.rsplit(', ', 1))} processes")
     return 0
 
 
@@ -254,10 +264,10 @@ def one_line(err: Exception) -> str:
     return last.removeprefix(prefix).removeprefix(f"{type(err).__name__}: ")
 
 
-def preflight(cfg: C.Config, world_size: int) -> None:
-    """Checks that need the world size, done once before any process starts or writes;
-    read-only (`--check N` runs exactly these)."""
-    plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, world_size)
+def preflight(cfg: C.Config, *world_sizes: int) -> None:
+    """Checks that need the world size (several: every one an elastic run may take), done
+    once before any process starts or writes; read-only (`--check N` runs exactly these)."""
+    check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, sorted(set(world_sizes)))
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
     if cfg.run.name:

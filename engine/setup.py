@@ -5,6 +5,7 @@ optimizer and schedule, then the run directory claimed and its records started."
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,8 @@ def setup(
             log(f"resuming from {source[0]} (epoch {run.state.epoch}, step {run.state.step})")
     if records:
         open_run_dir(run, mode)
+        if source and denv.is_main:
+            record_world_change(run, source)
     if denv.local_rank == 0:
         warn_shared_memory(run)
     return run
@@ -251,6 +254,36 @@ def open_run_dir(run: Run, wandb: str) -> None:
         if run.init_record:
             env["init"] = run.init_record
         ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
+
+
+def record_world_change(run: Run, source: tuple[Path, dict]) -> None:
+    """Rank 0, resuming on another world size than its checkpoint's (an elastic run that lost
+    or gained a node, a job requeued onto fewer nodes): a record of the change, in
+    metrics.jsonl and W&B. The steps recorded after the checkpoint are trained again, on the
+    same samples; the time lost runs from the checkpoint's writing to this restart."""
+    path, saved = source
+    old, new = saved.get("world_size"), run.denv.world_size
+    if old == new:
+        return
+    step, plan = saved["step"], run.sampler.plan
+    record = {
+        "kind": "world_size",
+        "step": step,
+        "from": old,
+        "to": new,
+        "checkpoint": path.name,
+        "redone_steps": run.tracker.last_step - step,
+        "accum_steps": plan.accum_steps,
+        "micro_batch": plan.micro_batch,
+    }
+    if "time" in saved:  # absent from checkpoints written before the field
+        record["lost_s"] = round(max(time.time() - saved["time"], 0.0), 1)
+    run.tracker.write(record)
+    log(
+        f"world size {old} -> {new}: resumed from {path.name} (step {step}), "
+        f"{record['redone_steps']} step(s) trained again, {plan.accum_steps} accumulation "
+        f"step(s) of {plan.micro_batch} per process"
+    )
 
 
 def claim_run_dir(cfg: C.Config, run_dir: Path) -> int:

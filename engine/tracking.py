@@ -254,6 +254,9 @@ def environment(world_size: int, hosts: list[str], device: torch.device) -> dict
 # ---------------------------------------------------------------- the tracker
 
 
+EVENT_KINDS = ("world_size",)  # records of what happened to the run, not of a step's metrics
+
+
 def _record(line: str) -> dict | None:
     try:
         record = json.loads(line)
@@ -268,7 +271,11 @@ class Tracker:
     def __init__(self, run_dir: Path, cfg: LogConfig, mode: str, config: dict, resume_step: int):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
-        self._truncate_after(resume_step)
+        # The last step recorded before this start: beyond resume_step after a crash or a
+        # restart at another world size (those steps are trained again).
+        self.last_step = self._truncate_after(self.metrics_path, resume_step)
+        # log.sample_ids: a line's step counts the steps done before the one it records
+        self._truncate_after(run_dir / "samples.jsonl", resume_step - 1)
         self.metrics = self.metrics_path.open("a")
         self.wandb = None
         if mode == "off" and (note := wandb_missing_note(cfg)):
@@ -276,20 +283,24 @@ class Tracker:
         if mode != "off":
             self.wandb = self._start_wandb(cfg, mode, redact(config))
 
-    def _truncate_after(self, step: int) -> None:
+    @staticmethod
+    def _truncate_after(path: Path, step: int) -> int:
         """A resumed run repeats the steps after its checkpoint: drop their old records, and
         a line torn by a kill mid-write (said once). Replaced whole, so a crash here loses
-        nothing."""
-        if not self.metrics_path.exists():
-            return
-        kept = []
-        for number, line in enumerate(self.metrics_path.read_text().splitlines(), 1):
+        nothing. Returns the last step the file recorded (`step` when none was later)."""
+        if not path.exists():
+            return step
+        kept, last = [], step
+        for number, line in enumerate(path.read_text().splitlines(), 1):
             record = _record(line)
             if record is None and line.strip():
-                log(f"warning: {self.metrics_path}: line {number} dropped, torn (written in part)")
+                log(f"warning: {path}: line {number} dropped, torn (written in part)")
             elif record is not None and record.get("step", 0) <= step:
                 kept.append(line + "\n")
-        atomic_write_text(self.metrics_path, "".join(kept))
+            elif record is not None and isinstance(record.get("step"), int):
+                last = max(last, record["step"])
+        atomic_write_text(path, "".join(kept))
+        return last
 
     def _start_wandb(self, cfg: LogConfig, mode: str, config: dict):
         """The W&B run; offline when online fails under `auto`; None (with a warning) when
@@ -374,8 +385,13 @@ class Tracker:
         if self.wandb is not None:
             prefix = record["kind"]
             data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step")}
+            # An event names its own step and goes in at W&B's current one: a resumed W&B run
+            # drops what is logged at a step it has passed, as a restart's is.
+            step = None if prefix in EVENT_KINDS else record["step"]
+            if step is None:
+                data[f"{prefix}/step"] = record["step"]
             try:
-                self.wandb.log(data, step=record["step"])
+                self.wandb.log(data, step=step)
             except Exception as err:  # e.g. its service process died: ConnectionResetError
                 self._disable_wandb(err)
 

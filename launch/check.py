@@ -23,7 +23,8 @@ CHECK_TIMEOUT_S = 600  # importing torch on a slow shared filesystem can take mi
 def check_argv(req: Request, data_here: bool) -> list[str]:
     """The engine's check; data_here: this machine runs it, so its data must be here too
     (otherwise a data location this machine cannot see may be the compute nodes')."""
-    check = ["--check", str(req.world_size), *(["--data-here"] if data_here else [])]
+    sizes = ",".join(map(str, req.world_sizes))  # an elastic range: every size it may take
+    check = ["--check", sizes, *(["--data-here"] if data_here else [])]
     return [req.python, "-m", "engine.train", *render.engine_args(req), *check]
 
 
@@ -33,8 +34,8 @@ def last_line(text: str) -> str:
 
 
 def engine_check(req: Request, data_here: bool = False) -> None:
-    """The request's config resolved and checked by the engine for req.world_size processes,
-    and its data where this machine can see it."""
+    """The request's config resolved and checked by the engine for each world size the run
+    may take, and its data where this machine can see it."""
     try:
         done = subprocess.run(
             check_argv(req, data_here),
@@ -48,7 +49,8 @@ def engine_check(req: Request, data_here: bool = False) -> None:
     if done.returncode == 0:
         return
     said = last_line(done.stderr) or f"exit code {done.returncode}"
-    where = f"for {req.world_size} process(es)" if req.world_size > 1 else "for one process"
+    sizes = " or ".join(", ".join(map(str, req.world_sizes)).rsplit(", ", 1))  # 1, 2 or 3
+    where = f"for {sizes} process(es)" if req.world_sizes != [1] else "for one process"
     raise UserError(f"{said} (config checked {where}; nothing was started)", code=2)
 
 

@@ -32,6 +32,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a name alone: `-e NAME=value
 # and a 64 MiB stack. A one-node CPU run goes without: rootless docker cannot raise the limit.
 ULIMITS = ("memlock=-1", "stack=67108864")
 INFINIBAND = "/dev/infiniband"  # the host's RDMA devices, for NCCL across nodes
+# torchrun's switch from one store shared by every rendezvous round to one per round.
+FRESH_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ class Request:
     run_name: str
     variant: str = ""  # the recipe's named config (CONFIG=v2): recipes/<recipe>/<variant>.yaml
     gpus: int = 0  # per node; 0 = CPU
-    nodes: int = 1
+    nodes: int = 1  # the fewest nodes of an elastic range
+    max_nodes: int = 0  # > nodes: an elastic range, NODES=nodes:max_nodes
     procs: int = 1  # processes per node when gpus == 0
     overrides: tuple[str, ...] = ()  # dotted key=value, passed through verbatim
     python: str = "python"  # host interpreter (the CLI passes sys.executable)
@@ -85,6 +88,19 @@ class Request:
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_nodes > self.nodes
+
+    @property
+    def most_nodes(self) -> int:
+        return max(self.nodes, self.max_nodes)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """Every world size the run may take: one, or one per node count of its range."""
+        return [n * self.procs_per_node for n in range(self.nodes, self.most_nodes + 1)]
 
     @property
     def run_dir(self) -> str:
@@ -114,7 +130,7 @@ def engine_args(req: Request) -> list[str]:
 
 def is_one_process(req: Request) -> bool:
     """One engine process and nothing around it: no torchrun, no restarts."""
-    return req.nodes == 1 and req.procs_per_node == 1 and not req.max_restarts
+    return req.most_nodes == 1 and req.procs_per_node == 1 and not req.max_restarts
 
 
 def engine_command(req: Request, python: str) -> list[str]:
@@ -129,13 +145,18 @@ def engine_command(req: Request, python: str) -> list[str]:
         return [python, *module]
     torchrun = [python, "-m", "torch.distributed.run"]
     restarts = [f"--max-restarts={req.max_restarts}"] if req.max_restarts else []
-    if req.nodes == 1:
+    if req.most_nodes == 1:
         return [*torchrun, "--standalone", f"--nproc_per_node={n}", *restarts, *module]
     if not req.rdzv_endpoint:
         raise ValueError("nodes > 1 needs rdzv_endpoint (HOST:PORT of the first node)")
+    # An elastic range: each rendezvous round's workers meet in a store of their own (the
+    # agent's shared store would keep a departed round's keys, under the same restart count).
+    fresh_store = ["env", f"{FRESH_STORE}=1"] if req.elastic else []
+    nnodes = f"{req.nodes}:{req.max_nodes}" if req.elastic else str(req.nodes)
     return [
+        *fresh_store,
         *torchrun,
-        f"--nnodes={req.nodes}",
+        f"--nnodes={nnodes}",
         f"--nproc_per_node={n}",
         *restarts,
         "--rdzv_backend=c10d",
@@ -189,12 +210,12 @@ def docker_run(req: Request) -> list[str]:
     unlimited locked memory and a 64 MiB stack; /dev/infiniband where the host has it.
     Variables pass by name only."""
     argv = ["docker", "run", "--rm", "--pull=never", "--ipc=host"]
-    if req.gpus or req.nodes > 1:
+    if req.gpus or req.most_nodes > 1:
         for limit in ULIMITS:
             argv += ["--ulimit", limit]
     if req.gpus:
         argv.append(f"--gpus={req.gpus}")
-    if req.nodes > 1:
+    if req.most_nodes > 1:
         argv.append("--network=host")  # torchrun's rendezvous must reach the other nodes
     if req.infiniband:
         argv.append(f"--device={INFINIBAND}")
@@ -213,7 +234,7 @@ def job_options(req: Request) -> dict[str, object]:
     parameter names too): pyxis's srun, the batch script and submitit share it."""
     s = req.slurm
     options = {
-        "nodes": req.nodes,
+        "nodes": f"{req.nodes}-{req.max_nodes}" if req.elastic else req.nodes,
         "ntasks_per_node": req.procs_per_node,
         "gpus_per_node": req.gpus or None,
         "cpus_per_task": s.cpus_per_task,

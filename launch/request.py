@@ -45,6 +45,9 @@ SLURM_FLAGS = {  # field: (flag, environment variable)
 PER_NODE_TARGETS = ("local", "docker", "apptainer")
 # Targets under SLURM, which starts the ranks without torchrun.
 SLURM_TARGETS = ("pyxis", "sbatch", "submit")
+# torchrun's restart budget for an elastic range run by hand (MAX_RESTARTS unset): each node
+# lost costs one restart.
+ELASTIC_RESTARTS = 3
 # The recipe's `slurm:` keys that become the request's GPUS and NODES, not sbatch options.
 RESOURCES = ("gpus_per_node", "nodes")
 
@@ -268,12 +271,12 @@ def gpu_count(args: argparse.Namespace, env: Mapping[str, str], declared: int | 
 def process_counts(
     args: argparse.Namespace, env: Mapping[str, str], declared: tuple[int, int] | None = None
 ):
-    """(GPUS's (label, text) if given, GPUs per node, nodes, CPU processes per node).
+    """(GPUS's (label, text) if given, GPUs per node, (nodes, max_nodes), CPU processes per
+    node).
     `declared`: the recipe's (gpus_per_node, nodes) for a SLURM job, None for a local run."""
     picked, gpus = gpu_count(args, env, declared[0] if declared else None)
     given = pick(args.nodes, "--nodes", env, "NODES")
-    nodes = declared[1] if declared else 1
-    nodes = whole(*given, 1, "use NODES=1 for one machine") if given else nodes
+    nodes = node_range(*given) if given else (declared[1] if declared else 1, 0)
     procs = pick(args.procs, "--procs", env, "PROCS") or ("PROCS", "1")
     procs = whole(*procs, 1, "use PROCS=N for N CPU processes")
     if procs > 1 and gpus > 0:
@@ -282,6 +285,19 @@ def process_counts(
             f"GPU, so use GPUS=N alone, or GPUS=0 PROCS={procs} for CPU processes"
         )
     return picked, gpus, nodes, procs
+
+
+def node_range(label: str, text: str) -> tuple[int, int]:
+    """(nodes, max_nodes): NODES=N is (N, 0); an elastic range NODES=MIN:MAX is (MIN, MAX)."""
+    if ":" not in text:
+        return whole(label, text, 1, "use NODES=1 for one machine"), 0
+    low, _, high = text.partition(":")
+    fix = "an elastic range is NODES=MIN:MAX with 1 <= MIN < MAX, e.g. NODES=2:4"
+    least = whole(label, low, 1, fix)
+    most = whole(label, high, 1, fix)
+    if most <= least:
+        raise UserError(f"{label}={text!r}: MAX must be larger than MIN; {fix}")
+    return least, most
 
 
 def check_cpu_job(
@@ -304,14 +320,14 @@ def declared_resources(config: dict) -> tuple[int, int]:
 
 
 def rendezvous(
-    args: argparse.Namespace, env: Mapping[str, str], nodes: int, name: str | None, target: str
+    args: argparse.Namespace, env: Mapping[str, str], nodes: str, name: str | None, target: str
 ) -> str | None:
     """HOST:PORT of the first node, required where the same command runs on every node."""
     rdzv = pick(args.rdzv_endpoint, "--rdzv-endpoint", env, "RDZV_ENDPOINT")
     if rdzv and not ENDPOINT.fullmatch(rdzv[1]):
         raise UserError(f"{rdzv[0]}={rdzv[1]!r} is not HOST:PORT; e.g. RDZV_ENDPOINT=node1:29500")
     # The same command runs on every node: they must agree on the rendezvous and the run.
-    if nodes > 1 and target in PER_NODE_TARGETS and (not rdzv or name is None):
+    if nodes != "1" and target in PER_NODE_TARGETS and (not rdzv or name is None):
         raise UserError(
             f"NODES={nodes} runs this command on each node; set RDZV_ENDPOINT=HOST:PORT "
             "(the first node) and one run name for all, ARGS='run.name=NAME'"
@@ -319,11 +335,21 @@ def rendezvous(
     return rdzv[1] if rdzv else None
 
 
-def max_restarts(args: argparse.Namespace, env: Mapping[str, str], target: str) -> int:
+def max_restarts(
+    args: argparse.Namespace, env: Mapping[str, str], target: str, elastic: str | None = None
+) -> int:
+    """torchrun's restart budget; an elastic range (`elastic`: its NODES text) run by hand
+    needs one, for each node lost restarts the workers (a node joining does not count)."""
     picked = pick(args.max_restarts, "--max-restarts", env, "MAX_RESTARTS")
+    per_node = elastic and target in PER_NODE_TARGETS
     if not picked:
-        return 0
+        return ELASTIC_RESTARTS if per_node else 0
     restarts = whole(*picked, 0, "use MAX_RESTARTS=N to restart failed workers N times, or 0")
+    if per_node and not restarts:
+        raise UserError(
+            f"NODES={elastic} restarts the workers when a node is lost, but {picked[0]}=0 "
+            f"allows no restart; leave it unset ({ELASTIC_RESTARTS}) or give N >= 1"
+        )
     if restarts and target in SLURM_TARGETS:
         raise UserError(
             f"{picked[0]}={restarts} restarts torchrun's workers, but SLURM starts this run "
@@ -368,12 +394,13 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
     slurm = resolve_slurm(args, env, config)
     declared = declared_resources(config) if target in SLURM_TARGETS else None
-    picked, gpus, nodes, procs = process_counts(args, env, declared)
+    picked, gpus, (nodes, most), procs = process_counts(args, env, declared)
     if declared:
         check_cpu_job(args, env, recipe, declared[0], gpus)
     name = run_name(overrides)
-    rdzv = rendezvous(args, env, nodes, name, target)
-    restarts = max_restarts(args, env, target)
+    node_text = f"{nodes}:{most}" if most else str(nodes)
+    rdzv = rendezvous(args, env, node_text, name, target)
+    restarts = max_restarts(args, env, target, node_text if most else None)
     run_root = override_value(overrides, "run.root") or (config.get("run") or {}).get("root")
     image = args.image or env.get("IMAGE") or ""
     if not image and target in ("docker", "pyxis", "image", "sif"):
@@ -386,6 +413,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         variant=variant,
         gpus=gpus,
         nodes=nodes,
+        max_nodes=most,
         procs=procs,
         overrides=overrides,
         python=sys.executable,

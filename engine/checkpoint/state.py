@@ -7,6 +7,7 @@ refuses a config change that would alter the run it continues."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,7 @@ def meta(run: Run, rngs: list) -> dict:
         "step": st.step,
         "position": st.position,
         "world_size": run.denv.world_size,
+        "time": time.time(),  # when it was written: a restart reports the time it lost
         "rng": rngs,
         "last_eval": st.last_eval,
         "bad_samples": st.bad_samples,

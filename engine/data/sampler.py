@@ -8,6 +8,7 @@ resumes on any W' that divides the global batch."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -47,6 +48,41 @@ def plan_batches(global_batch: int, micro_batch: int | None, world_size: int) ->
             f"process, not a multiple of train.micro_batch_size={micro}"
         )
     return BatchPlan(global_batch, micro, world_size)
+
+
+def check_elastic(global_batch: int, micro_batch: int | None, world_sizes: list[int]) -> None:
+    """An elastic run may take any of these world sizes and must keep its global batch at
+    each: the batch divides over every one of them (over their least common multiple), and
+    a fixed micro batch, so that a shrink adds accumulation steps rather than memory,
+    divides every per-process share (it divides global_batch / lcm)."""
+    if len(world_sizes) < 2:
+        plan_batches(global_batch, micro_batch, world_sizes[0])
+        return
+    sizes = ", ".join(map(str, world_sizes))
+    lcm = math.lcm(*world_sizes)
+    if global_batch % lcm:
+        bad = next(w for w in world_sizes if global_batch % w)
+        lower, upper = global_batch // lcm * lcm, (global_batch // lcm + 1) * lcm
+        near = f"{lower} or {upper}" if lower else str(upper)
+        raise ConfigError(
+            f"train.batch_size={global_batch} does not divide over {bad} processes, one of "
+            f"this elastic run's world sizes ({sizes}); use a multiple of {lcm}, e.g. "
+            f"train.batch_size={near}"
+        )
+    share = global_batch // lcm  # what every world size's per-process batch is a multiple of
+    if micro_batch is None:
+        raise ConfigError(
+            f"an elastic run (world sizes {sizes}) needs a fixed train.micro_batch_size, so "
+            f"that losing a node adds accumulation steps, not memory; set "
+            f"train.micro_batch_size={share} (or a divisor of it)"
+        )
+    if share % micro_batch:
+        fits = max(d for d in range(1, min(micro_batch, share) + 1) if share % d == 0)
+        raise ConfigError(
+            f"train.micro_batch_size={micro_batch} does not divide the per-process batch of "
+            f"every world size of this elastic run ({sizes}; train.batch_size={global_batch}); "
+            f"use train.micro_batch_size={fits} (a divisor of {share})"
+        )
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
