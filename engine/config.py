@@ -263,9 +263,6 @@ class FaultConfig:
     signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGUSR2"] = "SIGKILL"  # for signal_at_step
     # > 0: stop responding (sleep) after this step, as a hung rank does
     hang_at_step: int = bounded(0, ge=0)
-    # > 0: under torchrun, this rank's whole node dies after this step: its agent and then
-    # the worker itself are SIGKILLed (what elastic training must survive)
-    lose_node_at_step: int = bounded(0, ge=0)
     hang_in_save_at_step: int = bounded(0, ge=0)  # > 0: stall mid-write of this step's checkpoint
     # > 0: this step's loss (and so its gradients) is NaN, every attempt
     nan_at_step: int = bounded(0, ge=0)

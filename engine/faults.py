@@ -36,8 +36,6 @@ def inject_after_step(cfg: FaultConfig, step: int, rank: int) -> None:
         return
     if cfg.signal_at_step == step:
         os.kill(os.getpid(), getattr(signal, cfg.signal))
-    if cfg.lose_node_at_step == step:
-        lose_node()
     if cfg.hang_at_step == step:
         while True:  # a rank stuck in a step: it answers no collective, and no signal ends it
             time.sleep(3600)
@@ -52,13 +50,3 @@ def slow_data(cfg: FaultConfig) -> None:
 def save_pause(cfg: FaultConfig, step: int) -> float:
     """Seconds to stall mid-write of this step's checkpoint (a slow or dying filesystem)."""
     return 3600.0 if cfg.hang_in_save_at_step == step and first_attempt() else 0.0
-
-
-def lose_node() -> None:
-    """The node dies at once: its torchrun agent (this worker's parent), then this worker,
-    SIGKILLed with no chance to clean up. Outside torchrun the parent is a shell or a test,
-    which must live: refused there."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
-        raise RunError("fault.lose_node_at_step needs torchrun: it kills the torchrun agent")
-    os.kill(os.getppid(), signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)

@@ -235,7 +235,9 @@ def job_options(req: Request) -> dict[str, object]:
     s = req.slurm
     options = {
         "nodes": f"{req.nodes}-{req.max_nodes}" if req.elastic else req.nodes,
-        "ntasks_per_node": req.procs_per_node,
+        # A node range leaves the tasks per node to each step (step_options): given here,
+        # sbatch fixes the job's task count at MIN nodes' worth and SLURM allocates no more.
+        "ntasks_per_node": None if req.elastic else req.procs_per_node,
         "gpus_per_node": req.gpus or None,
         "cpus_per_task": s.cpus_per_task,
         "mem": f"{s.mem_gb}G" if s.mem_gb else None,  # per node
@@ -247,6 +249,12 @@ def job_options(req: Request) -> dict[str, object]:
         "exclude": s.exclude,
     }
     return {k: v for k, v in options.items() if v is not None}
+
+
+def step_options(req: Request) -> list[str]:
+    """srun's options for the job's step: the tasks per node of a node range, on however
+    many nodes the job was given."""
+    return [f"--ntasks-per-node={req.procs_per_node}"] if req.elastic else []
 
 
 def _srun_options(req: Request) -> list[str]:
@@ -338,7 +346,8 @@ def sbatch_script(req: Request) -> str:
         "output": f"{logs}/%j.out",
         "error": f"{logs}/%j.err",
     }
-    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", req.python, "-m", "engine.train"]
+    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", *step_options(req)]
+    srun += [req.python, "-m", "engine.train"]
     lines = [
         "#!/bin/bash",
         f"# Submit: mkdir -p {shlex.quote(_one_line('log dir', _host(req, logs)))} && sbatch FILE",

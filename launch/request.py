@@ -292,12 +292,12 @@ def node_range(label: str, text: str) -> tuple[int, int]:
     if ":" not in text:
         return whole(label, text, 1, "use NODES=1 for one machine"), 0
     low, _, high = text.partition(":")
-    fix = "an elastic range is NODES=MIN:MAX with 1 <= MIN < MAX, e.g. NODES=2:4"
-    least = whole(label, low, 1, fix)
-    most = whole(label, high, 1, fix)
-    if most <= least:
-        raise UserError(f"{label}={text!r}: MAX must be larger than MIN; {fix}")
-    return least, most
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) < int(high)):
+        raise UserError(
+            f"{label}={text!r} is not a node range; an elastic range is NODES=MIN:MAX with "
+            "1 <= MIN < MAX, e.g. NODES=2:4"
+        )
+    return int(low), int(high)
 
 
 def check_cpu_job(
@@ -399,6 +399,11 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         check_cpu_job(args, env, recipe, declared[0], gpus)
     name = run_name(overrides)
     node_text = f"{nodes}:{most}" if most else str(nodes)
+    if most and target == "pyxis":
+        raise UserError(
+            f"NODES={node_text}: a node range needs a batch job, which SLURM can requeue onto "
+            "the nodes it has; use TARGET=submit (or make sbatch), or a fixed NODES=N"
+        )
     rdzv = rendezvous(args, env, node_text, name, target)
     restarts = max_restarts(args, env, target, node_text if most else None)
     run_root = override_value(overrides, "run.root") or (config.get("run") or {}).get("root")

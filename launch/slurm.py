@@ -104,6 +104,7 @@ def executor_parameters(req: Request) -> dict[str, Any]:
         **render.job_options(req),
         "signal_delay_s": req.slurm.signal_delay_s,
         "setup": setup_lines(req) or None,
+        "srun_args": render.step_options(req) or None,
         "additional_parameters": {"requeue": True, "chdir": req.src},
     }
     return {k: v for k, v in params.items() if v is not None}
@@ -116,6 +117,12 @@ class Executor(submitit.SlurmExecutor):
     @classmethod
     def affinity(cls) -> int:
         return 1
+
+    def _num_tasks(self) -> int:
+        """The tasks a job surely has, whose results submitit reads: MIN nodes' for a node
+        range "MIN-MAX" (submitit 1.5 multiplies the text itself)."""
+        fewest = int(str(self.parameters.get("nodes", 1)).partition("-")[0])
+        return fewest * max(1, self.parameters.get("ntasks_per_node") or 1)
 
 
 def engine_job(req: Request, environ: dict[str, str] | None = None) -> EngineJob:

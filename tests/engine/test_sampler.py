@@ -1,8 +1,18 @@
+import re
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.config import ConfigError
-from engine.data.sampler import GlobalBatchSampler, epoch_permutation, eval_shard, plan_batches
+from engine.data.sampler import (
+    GlobalBatchSampler,
+    check_elastic,
+    epoch_permutation,
+    eval_shard,
+    plan_batches,
+)
 
 
 def global_batches(n, batch, world, micro, seed, epoch, start=0):
@@ -84,3 +94,57 @@ def test_accumulation_steps():
 def test_eval_shards_cover_each_sample_once(n, world):
     seen = [i for r in range(world) for i in eval_shard(n, r, world)]
     assert seen == list(range(n))
+
+
+# ---------------------------------------------------------------- elastic world sizes
+
+
+def world_size_ok(batch: int, micro: int | None, world: int) -> bool:
+    try:
+        plan_batches(batch, micro, world)
+    except ConfigError:
+        return False
+    return True
+
+
+def suggested(message: str, key: str) -> list[int]:
+    return [int(v) for v in re.findall(rf"train\.{key}=(\d+)(?: or (\d+))?", message)[-1] if v]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batch=st.integers(1, 600),
+    micro=st.one_of(st.none(), st.integers(1, 64)),
+    fewest=st.integers(1, 4),
+    more=st.integers(1, 3),
+    per_node=st.integers(1, 4),
+)
+def test_an_elastic_range_passes_exactly_when_every_world_size_keeps_the_batch(
+    batch, micro, fewest, more, per_node
+):
+    sizes = [n * per_node for n in range(fewest, fewest + more + 1)]
+    try:
+        check_elastic(batch, micro, sizes)
+    except ConfigError as err:
+        message = str(err)
+    else:
+        assert micro is not None and all(world_size_ok(batch, micro, w) for w in sizes)
+        return
+    assert "\n" not in message
+    if micro is not None and all(world_size_ok(batch, micro, w) for w in sizes):
+        raise AssertionError(f"refused a batch every world size keeps: {message}")
+    if "train.batch_size=" in message.split(";")[-1]:  # the batch itself: a multiple that fits
+        for fixed in suggested(message, "batch_size"):
+            assert all(fixed % w == 0 for w in sizes), message
+    else:  # the micro batch: the suggestion fits every world size, and is no larger
+        (fixed,) = suggested(message, "micro_batch_size")
+        assert all(world_size_ok(batch, fixed, w) for w in sizes), message
+        assert micro is None or fixed <= micro
+
+
+def test_an_elastic_range_without_a_micro_batch_names_one():
+    with pytest.raises(ConfigError, match=r"set train\.micro_batch_size=8 \(or a divisor of it\)"):
+        check_elastic(96, None, [2, 4, 6])
+    check_elastic(96, 8, [2, 4, 6])  # 6, 3 and 2 accumulation steps of 8
+    with pytest.raises(ConfigError, match=r"use train\.micro_batch_size=8 \(a divisor of 8\)"):
+        check_elastic(96, 16, [2, 4, 6])  # 24 per process on 4 is no multiple of 16

@@ -176,6 +176,17 @@ def test_make_exports_max_restarts_to_torchrun(recipes):
     assert argv[3:6] == ["--standalone", "--nproc_per_node=2", "--max-restarts=3"]
 
 
+def test_make_dry_run_of_a_node_range_gives_torchrun_a_restart_budget(recipes):
+    done = make_dry_run(
+        recipes, "GPUS=0", "NODES=2:4", "RDZV_ENDPOINT=node1:29400", "ARGS=run.name=el"
+    )
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(one_line(done.stdout))
+    assert argv[argv.index("torch.distributed.run") + 1 :][:3] == [
+        "--nnodes=2:4", "--nproc_per_node=1", "--max-restarts=3",
+    ]  # fmt: skip
+
+
 def test_max_restarts_flag_wins_over_the_environment(recipes):
     done = launch(
         "dry-run", "--max-restarts", "0", GPUS="0", PROCS="2", MAX_RESTARTS="5",
@@ -197,6 +208,24 @@ BAD = {
     "negative gpus": ({}, ["--gpus", "-1"], "--gpus='-1' is not a whole number >= 0"),
     "zero nodes": ({"NODES": "0"}, [], "NODES='0' is not a whole number >= 1"),
     "zero procs": ({"PROCS": "0", "GPUS": "0"}, [], "PROCS='0'"),
+    "node range reversed": ({"NODES": "3:1"}, [], "NODES='3:1' is not a node range; an elastic"),
+    "node range from zero": ({}, ["--nodes", "0:2"], "--nodes='0:2' is not a node range"),
+    "node range of words": ({"NODES": "a:b"}, [], "NODES='a:b' is not a node range"),
+    "node range needs rendezvous": (
+        {"NODES": "1:2", "ARGS": "run.name=shared"},
+        [],
+        "NODES=1:2 runs this command on each node; set RDZV_ENDPOINT",
+    ),
+    "node range under pyxis": (
+        {"NODES": "1:2"},
+        ["--target", "pyxis"],
+        "NODES=1:2: a node range needs a batch job, which SLURM can requeue",
+    ),
+    "node range without restarts": (
+        {"NODES": "1:2", "ARGS": "run.name=e", "RDZV_ENDPOINT": "h:1", "MAX_RESTARTS": "0"},
+        [],
+        "NODES=1:2 restarts the workers when a node is lost, but MAX_RESTARTS=0 allows no",
+    ),
     "procs with gpus": ({"GPUS": "2", "PROCS": "4"}, [], "PROCS=4 is for CPU runs"),
     "override without =": ({"ARGS": '"; rm -rf x"'}, [], "is not key=value"),
     "override is a word": ({}, ["--", "optim.lr"], "'optim.lr' is not key=value"),
@@ -451,6 +480,22 @@ def test_make_train_with_a_batch_that_does_not_divide_is_one_line_and_starts_not
     (line,) = done.stderr.splitlines()
     assert line.startswith("launch: train.batch_size=64 does not divide over 3 processes")
     assert line.endswith("(config checked for 3 process(es); nothing was started)")
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_elastic_range_whose_batch_cannot_divide_at_every_size_is_one_line(tmp_path):
+    """The real engine checks digits (global batch 64) for 1, 2 and 3 processes: 3 fails."""
+    done = launch(
+        "train", GPUS="0", NODES="1:3", RDZV_ENDPOINT="127.0.0.1:29400",
+        ARGS=f"run.root={tmp_path} run.name=el train.micro_batch_size=16",
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "launch: train.batch_size=64 does not divide over 3 processes, one of this elastic "
+        "run's world sizes (1, 2, 3); use a multiple of 6, e.g. train.batch_size=60 or 66"
+    )
+    assert line.endswith("(config checked for 1, 2 or 3 process(es); nothing was started)")
     assert not list(tmp_path.iterdir())
 
 

@@ -68,6 +68,28 @@ def test_multi_node_cpu_uses_procs_per_node():
     assert "--nproc_per_node=2" in argv and "--nnodes=2" in argv and "device=cpu" in argv
 
 
+def test_an_elastic_range_is_torchruns_min_max_with_a_store_per_round():
+    elastic = req(gpus=0, procs=2, nodes=1, max_nodes=3, rdzv_endpoint="h:1", max_restarts=3)
+    assert elastic.world_sizes == [2, 4, 6]
+    assert render.local(elastic) == [
+        "env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+        PY, "-m", "torch.distributed.run", "--nnodes=1:3", "--nproc_per_node=2",
+        "--max-restarts=3", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_id=RUN",
+        "-m", "engine.train", "digits", "device=cpu", "run.name=RUN",
+    ]  # fmt: skip
+    docker = render.docker_run(elastic)
+    assert "--network=host" in docker  # even from one node: others may join
+    assert docker[docker.index("img:1") + 1 :][:3] == ["env", f"{render.FRESH_STORE}=1", "python"]
+    # sbatch would fix the task count at MIN nodes' worth: the step asks per node instead.
+    options = render.job_options(elastic)
+    assert options["nodes"] == "1-3" and "ntasks_per_node" not in options
+    script = render.sbatch_script(elastic)
+    assert "#SBATCH --nodes=1-3\n" in script and "ntasks-per-node" not in script.split("srun")[0]
+    assert "srun --unbuffered --kill-on-bad-exit=1 --ntasks-per-node=2 " in script
+    fixed = req(gpus=0, nodes=2, rdzv_endpoint="h:1")
+    assert fixed.world_sizes == [2] and render.local(fixed)[0] == PY  # no store switch
+
+
 def test_max_restarts_is_torchruns_flag_on_every_torchrun_target():
     plain = {
         "standalone": render.local(req(gpus=2, max_restarts=3)),
