@@ -190,10 +190,39 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
+    lines += world_changes(found)
     notes = [note for run in found for note in run.metrics.notes]
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
     return "\n".join(lines) + "\n"
+
+
+def world_changes(found: list[Run]) -> list[str]:
+    """The table of the runs' changes of world size (an elastic run that lost or gained a
+    node, a job requeued onto fewer nodes), as the engine recorded them; none: nothing."""
+    changes = [(run, r) for run in found for r in run.metrics.world_changes]
+    if not changes:
+        return []
+
+    rows = [
+        f"| {run.name} | {r['step']} | {r.get('from')} → {r.get('to')} | "
+        f"{r.get('checkpoint', 'n/a')} | {r.get('redone_steps', 'n/a')} | "
+        f"{r.get('accum_steps', 'n/a')} × {r.get('micro_batch', 'n/a')} | {duration(r.get('lost_s'))} |"
+        for run, r in changes
+    ]
+    return [
+        "",
+        "## Changes of world size",
+        "",
+        "| run | step | processes | resumed from | steps trained again | accumulation "
+        "× micro batch | time lost |",
+        "|---|---:|---|---|---:|---|---:|",
+        *rows,
+        "",
+        "Each restart resumed from the newest checkpoint with the same global batch and "
+        "sample order; the steps after that checkpoint were trained again (their records "
+        "replaced), and the time lost runs from the checkpoint's writing to the restart.",
+    ]
 
 
 # ---------------------------------------------------------------- the command

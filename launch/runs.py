@@ -31,6 +31,7 @@ WHERE = "give a run directory, runs/<recipe>/<run name>"
 class Metrics:
     train: list[dict] = field(default_factory=list)
     eval: list[dict] = field(default_factory=list)
+    world_changes: list[dict] = field(default_factory=list)  # elastic restarts, in file order
     notes: list[str] = field(default_factory=list)  # lines skipped, said to the user
 
 
@@ -160,6 +161,7 @@ def read_metrics(path: Path) -> Metrics:
     return Metrics(
         train=[r for r in ordered if r["kind"] == "train"],
         eval=[r for r in ordered if r["kind"] == "eval"],
+        world_changes=[r for r in latest.values() if r["kind"] == "world_size"],
         notes=notes,
     )
 
