@@ -9,8 +9,9 @@ Environment (all optional):
   RECIPE (digits)  CONFIG (a variant of the recipe, e.g. v2: recipes/<recipe>/v2.yaml)  GPUS (1 if a GPU is visible, else 0)  NODES (1)  PROCS (1)  ARGS
   IMAGE (recipes:<git short sha>)  SIF (recipes.sif)  DRY_RUN (1: print, don't run)  SEEDS (3)
   TARGET (local; train: local|docker|pyxis|apptainer, sweep: local|submit)
+  NODES=MIN:MAX: an elastic range; the run loses and gains nodes, keeping its batch and order
   RDZV_ENDPOINT (HOST:PORT of the first node; required when NODES > 1 outside SLURM)
-  MAX_RESTARTS (0; torchrun restarts the workers this often after a failure, resuming from
+  MAX_RESTARTS (0, 3 for a node range; torchrun restarts the workers this often after a failure, resuming from
   the last checkpoint: local, docker and apptainer targets, not SLURM, which requeues)
   RECIPES_DATA (data root on the host, ./data; /data inside containers)
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
@@ -88,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")
     p.add_argument("--config", help="the recipe's variant, e.g. v2 (env CONFIG; `recipes` lists)")
     p.add_argument("--gpus", help="GPUs per node, 0 = CPU (env GPUS, default: auto)")
-    p.add_argument("--nodes", help="nodes (env NODES, default 1)")
+    p.add_argument("--nodes", help="nodes, or MIN:MAX for an elastic range (env NODES, default 1)")
     p.add_argument("--procs", help="processes per node when GPUS=0 (env PROCS, default 1)")
     p.add_argument("--image", help="container image (env IMAGE)")
     p.add_argument("--sif", help="apptainer image file (env SIF, default recipes.sif)")

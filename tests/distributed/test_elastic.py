@@ -23,6 +23,7 @@ from tests.helpers import (
     REPO,
     engine_env,
     final_weights,
+    launch,
     max_difference,
     run_dir,
     run_engine,
@@ -183,6 +184,12 @@ def test_a_node_lost_and_a_node_joining_keep_the_samples_of_one_process(tmp_path
     assert (shrink["accum_steps"], shrink["micro_batch"]) == (4, 16)  # the batch stays 64
     assert (grow["from"], grow["to"], grow["accum_steps"]) == (1, 2, 2)
     assert shrink["step"] <= grow["step"] < STEPS and grow["lost_s"] >= 0, grow
+    report = launch("report", str(folder))
+    assert report.returncode == 0, report.stderr
+    table = (folder.parent / "report-elastic.md").read_text()
+    for r, sizes in ((shrink, "2 → 1"), (grow, "1 → 2")):
+        row = f"| elastic | {r['step']} | {sizes} | {r['checkpoint']} | {r['redone_steps']} |"
+        assert row in table, table
     # Redone steps replace their first records: each step once, none skipped.
     assert [r["step"] for r in recorded("train")] == list(range(1, STEPS + 1))
     assert json.loads((folder / "summary.json").read_text())["world_size"] == 2
