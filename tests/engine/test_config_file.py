@@ -1,13 +1,14 @@
 """A config given by path (`--config runs/digits/b/config.yaml`), `--print-config` and
 `--check N`: the config a run would use, resolved and checked without writing anything."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from engine import catalog
+from engine import catalog, cli
 from engine import config as C
 from engine.catalog import load_config
 from tests.helpers import REPO, engine_env, run_dir, run_engine
@@ -185,11 +186,23 @@ def test_check_leaves_a_data_root_that_exists_only_on_the_compute_nodes(tmp_path
     assert not missing.parent.exists()
 
 
-def test_check_needs_a_process_count():
-    assert "--check needs a process count, got 'x'" in one_error_line(
-        engine("digits", "--check", "x")
-    )
-    assert "--check needs a value" in one_error_line(engine("digits", "--check"))
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (["x"], "--check needs a process count, got 'x'"),
+        (["2,x"], "--check needs a process count, got 'x'"),
+        (["0"], "--check needs a process count, got '0'"),
+        ([], "--check needs a value"),
+    ],
+)
+def test_check_needs_process_counts(value, message):
+    with pytest.raises(C.ConfigError, match=re.escape(message)):
+        cli.parse_argv(["digits", "--check", *value])
+
+
+def test_check_takes_every_world_size_of_an_elastic_range():
+    assert cli.parse_argv(["digits", "--check", "2,4,6"]).check == (2, 4, 6)
+    assert cli.parse_argv(["digits", "--check", "3"]).check == (3,)
 
 
 def test_check_runs_preflight_with_the_given_world_size_not_the_environment(tmp_path):
