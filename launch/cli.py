@@ -11,8 +11,9 @@ Environment (all optional):
   TARGET (local; train: local|docker|pyxis|apptainer, sweep: local|submit)
   NODES=MIN:MAX: an elastic range; the run loses and gains nodes, keeping its batch and order
   RDZV_ENDPOINT (HOST:PORT of the first node; required when NODES > 1 outside SLURM)
-  MAX_RESTARTS (0, 3 for a node range; torchrun restarts the workers this often after a failure, resuming from
-  the last checkpoint: local, docker and apptainer targets, not SLURM, which requeues)
+  MAX_RESTARTS (0, 3 for a node range; torchrun restarts the workers this often after a
+  failure, resuming from the last checkpoint: local, docker and apptainer targets, not
+  SLURM, which requeues)
   RECIPES_DATA (data root on the host, ./data; /data inside containers)
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
