@@ -150,8 +150,8 @@ def test_a_node_lost_and_a_node_joining_keep_the_samples_of_one_process(tmp_path
             agents,
         )
         before = len(recorded("world_size"))
-        last_step = recorded("train")[-1]["step"]
         kill_node(agents[1])
+        last_step = recorded("train")[-1]["step"]  # the survivor's next collective fails
         wait_until("the world shrink to 1", lambda: len(recorded("world_size")) > before, agents)
         # The survivor is held still while a third node starts, so that it cannot finish
         # first on a slow machine; its agent asks it to stop (SIGTERM) once it sees the
