@@ -149,8 +149,9 @@ def engine_command(req: Request, python: str) -> list[str]:
         return [*torchrun, "--standalone", f"--nproc_per_node={n}", *restarts, *module]
     if not req.rdzv_endpoint:
         raise ValueError("nodes > 1 needs rdzv_endpoint (HOST:PORT of the first node)")
-    # An elastic range: each rendezvous round's workers meet in a store of their own (the
-    # agent's shared store would keep a departed round's keys, under the same restart count).
+    # An elastic range: each rendezvous round's workers meet in a store of their own, hosted
+    # by that round's rank 0. torchrun's shared store lives in the first round's rank-0 agent:
+    # when that node dies, the survivors' next round waits on it until it times out.
     fresh_store = ["env", f"{FRESH_STORE}=1"] if req.elastic else []
     nnodes = f"{req.nodes}:{req.max_nodes}" if req.elastic else str(req.nodes)
     return [
