@@ -247,8 +247,7 @@ def submitted(submit_call, run_dir: Path):
 
 
 def describe(job: Any, req: Request) -> str:
-    nodes = f"{req.nodes}-{req.max_nodes}" if req.elastic else str(req.nodes)
-    size = f"{nodes} node(s) x {req.procs_per_node} task(s)"
+    size = f"{render.job_options(req)['nodes']} node(s) x {req.procs_per_node} task(s)"
     size += f", {req.gpus} GPU(s) per node" if req.gpus else ", CPU"
     return "\n".join(
         [
