@@ -19,7 +19,7 @@ instead of 4). What differs from `decode: cpu`: nvJPEG's IDCT and chroma upsampl
 differently from libjpeg-turbo, and the CPU resizes uint8 with its own integer kernel (AVX2,
 AVX-512, ARM); on the same decoded pixels the float resize differs from that kernel by at most
 one level (of 255), in about 13% of the values (measured on photographs, training crops and
-evaluation alike: tests/engine/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
+evaluation alike: tests/engine/data/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
 
 Files the device is not given: whatever PIL's header does not show as a colour JPEG (PNGs
 named .JPEG, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,

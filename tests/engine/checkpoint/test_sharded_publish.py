@@ -25,7 +25,7 @@ from engine.spawn import free_port
 from tests.helpers import engine_env
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
+REPO = HERE.parents[3]
 STEP = 3
 RENAME_DELAY_S = 3.0  # rank 0 holds the rename this long; a rank not waiting looks meanwhile
 GROUP_TIMEOUT_S = 30

@@ -29,7 +29,7 @@ from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.run import Run
 from engine.train import fit
 from tests.datagen_images import plant_not_an_image, settle, wnid, write_image_folder
-from tests.engine.test_gpu_decode import plant_bad_huffman_table, torchvision_per_image, whole_batch
+from tests.engine.data.test_gpu_decode import plant_bad_huffman_table, torchvision_per_image, whole_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities")
 CPU = torch.device("cpu")

@@ -25,7 +25,7 @@ from engine.checkpoint import sharded
 from engine.config import ConfigError
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
+REPO = HERE.parents[3]
 
 
 class Net(nn.Module):
