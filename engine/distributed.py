@@ -5,6 +5,7 @@ Nothing else in the engine reads rank variables from the environment."""
 from __future__ import annotations
 
 import datetime
+import gc
 import itertools
 import os
 import re
@@ -14,6 +15,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+# Imported before any process group exists, on purpose. torch.distributed.nn.functional binds
+# `group=group.WORLD` as the default argument of ten functions when it is first imported, and
+# DDP's constructor imports it. Imported after init_process_group, it would hold the default
+# group for the life of the interpreter: destroy_process_group() could not free it, gloo's
+# threads would outlive the run and end during interpreter shutdown, which sometimes aborts a
+# finished process (SIGABRT, "terminate called without an active exception"). Imported here,
+# it binds None (tests/distributed/test_clean_exit.py).
+import torch.distributed.nn  # noqa: F401
 
 from engine.config import ConfigError, DistConfig
 
@@ -180,6 +190,10 @@ def restart_safe_store(denv: DistEnv, timeout: datetime.timedelta):
 
 
 def shutdown() -> None:
+    """Destroy the process group, once the caller has dropped what holds it (the wrapped
+    model): gloo's threads end here, not during interpreter shutdown. DDP's reducer and its
+    hooks form reference cycles, hence the collection first."""
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

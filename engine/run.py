@@ -7,6 +7,7 @@ used, and every decision taken at set-up (strategy, precision, layout) is a fiel
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +84,16 @@ class Run:
     memory_format: torch.memory_format = torch.contiguous_format  # of 4-d input batches
     trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
     init_record: dict | None = None  # the first weights' file (engine.finetune), if any
+
+    def close(self) -> None:
+        """Ends what runs beside the loop, in order: the thread finishing batches ahead (it
+        runs device code, which must not outlive the interpreter), then the hold on the run
+        directory, free for the next launch."""
+        if hasattr(self.loader, "close"):
+            self.loader.close()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     def autocast(self):
         if self.amp_dtype is None:

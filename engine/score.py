@@ -10,7 +10,6 @@ number of processes, the same metrics. The result goes to a JSON file beside the
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import time
 from pathlib import Path
@@ -78,10 +77,9 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
             log(f"{cfg.recipe} {weights}: {run.task.describe(metrics)}; wrote {destination}")
         return 0
     finally:
-        # The wrapped model holds the process group: released first, gloo's threads end with
-        # the group now, not at interpreter exit (where they abort the process).
-        run = None
-        gc.collect()
+        if run is not None:
+            run.close()
+        run = None  # the wrapped model holds the process group: dropped before it is destroyed
         D.shutdown()
 
 

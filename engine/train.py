@@ -6,9 +6,7 @@ engine.meter and engine.checkpoint.state."""
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 import runpy
 import time
 
@@ -302,12 +300,9 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
         run.tracker.close()
         return preempt.EXIT_PREEMPTED if reason == "preempted" else 0
     finally:
-        if run is not None and run.lock_fd is not None:
-            os.close(run.lock_fd)  # the run directory is free for the next launch
-        # DDP holds the process group: release it first, so that destroying the group ends
-        # gloo's threads now rather than during interpreter shutdown (a SIGABRT at exit).
-        run = None
-        gc.collect()
+        if run is not None:
+            run.close()
+        run = None  # the wrapped model holds the process group: dropped before it is destroyed
         D.shutdown()
 
 

@@ -1,0 +1,32 @@
+"""Run by test_clean_exit.py: the engine's command line in 2 spawned ranks, each of which
+prints the gloo threads still alive in it once the engine has returned. A process group that
+outlives the engine keeps them, and they end during interpreter shutdown instead, where they
+sometimes abort a finished process (SIGABRT)."""
+
+import os
+import sys
+
+from engine.cli import main
+from engine.spawn import spawn_local
+
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # their names in /proc (comm)
+
+
+def gloo_threads() -> list[str]:
+    names = (
+        open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")
+    )
+    return sorted(name for name in names if name in GLOO_THREADS)
+
+
+def counted(argv: list[str]) -> int:
+    code = main(argv)
+    print(f"rank {os.environ['RANK']} exit {code} gloo threads left: {gloo_threads()}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    # gloo_threads.py RUN_NAME RECIPE [--eval PATH] -- KEY=VALUE...
+    run_name, rest = sys.argv[1], sys.argv[2:]
+    at = rest.index("--")
+    sys.exit(spawn_local(2, counted, rest[:at], rest[at + 1 :], run_name))
