@@ -365,6 +365,8 @@ def sbatch_script(req: Request) -> str:
         f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {s.max_requeues} ]; then',
         '    echo "stopped on a preemption signal, checkpoint saved: requeueing job'
         ' $SLURM_JOB_ID" >&2',
+        # scontrol must not die of the preemption's own signals halfway through the request
+        "    trap '' TERM USR2",
         '    scontrol requeue "$SLURM_JOB_ID"',
         "  else",
         f'    echo "not requeueing: job $SLURM_JOB_ID was requeued {s.max_requeues} times" >&2',

@@ -26,6 +26,7 @@ import contextlib
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +86,32 @@ class EngineJob(submitit.helpers.Checkpointable):
                     f"stopped on a preemption signal with a checkpoint saved, but job "
                     f"{env.job_id} was already requeued {restarts} times; not requeueing"
                 )
-            subprocess.run(["scontrol", "requeue", env.job_id], check=True, timeout=60)
+            requeue(env.job_id)
             print(f"requeued job {env.job_id} to resume from its checkpoint", file=sys.stderr)
         raise SystemExit(PREEMPTED)  # no result file: the job is not over
+
+
+@contextlib.contextmanager
+def _stop_signals_ignored():
+    """SIGTERM and SIGUSR2 ignored in this process, and so in a child started meanwhile
+    (an ignored signal stays ignored across exec); the handlers are back afterwards."""
+    signals = (signal.SIGTERM, signal.SIGUSR2)
+    saved = [signal.signal(sig, signal.SIG_IGN) for sig in signals]
+    try:
+        yield
+    finally:
+        for sig, handler in zip(signals, saved, strict=True):
+            signal.signal(sig, handler)
+
+
+def requeue(job_id: str) -> None:
+    """`scontrol requeue JOB`, immune to the signals of the preemption that asked for it.
+    SLURM signals every process of a job step, scontrol too: a SIGTERM or a second SIGUSR2
+    arriving just after the first (preemption, scancel, the time limit) would kill the
+    request halfway, and the job would end FAILED instead of requeued. The engine has already
+    saved its checkpoint and is leaving, so nothing is lost by ignoring them here."""
+    with _stop_signals_ignored():
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
 
 
 def setup_lines(req: Request) -> list[str]:

@@ -388,7 +388,10 @@ def fake_bin(folder: Path, name: str) -> None:
     """A program that appends its argv (NUL-separated, one record per call) to $FAKE_LOG."""
     path = folder / name
     path.write_text(
-        '#!/bin/bash\n{ printf "%s\\0" "$(basename "$0")" "$@"; printf "\\n"; } >> "$FAKE_LOG"\n'
+        "#!/bin/bash\n"
+        # FAKE_PREEMPTED=NAME: that program is sent SLURM's preemption signals as it starts
+        '[ "$(basename "$0")" = "${FAKE_PREEMPTED:-}" ] && kill -TERM $$ && kill -USR2 $$\n'
+        '{ printf "%s\\0" "$(basename "$0")" "$@"; printf "\\n"; } >> "$FAKE_LOG"\n'
         'exit "${FAKE_RC:-0}"\n'
     )
     path.chmod(0o755)
@@ -447,6 +450,17 @@ def test_sbatch_script_requeues_on_exit_75(tmp_path, rc, restarts, requeued):
     assert done.returncode == rc  # scontrol (fake) exits 0; the script keeps the engine's code
     scontrol = [c for c in calls(tmp_path / "log") if c[0] == "scontrol"]
     assert scontrol == ([["scontrol", "requeue", "4242"]] if requeued else [])
+
+
+def test_the_sbatch_requeue_survives_the_signals_of_the_preemption_that_asked_for_it(tmp_path):
+    """SLURM signals every process of the job: a SIGTERM or SIGUSR2 reaching scontrol mid-
+    request would leave the job FAILED instead of requeued."""
+    script = render.sbatch_script(req(gpus=1, python="python"))
+    done = run_bash(script, tmp_path, FAKE_RC="75", FAKE_PREEMPTED="scontrol")
+    assert done.returncode == 75, done.stderr
+    assert [c for c in calls(tmp_path / "log") if c[0] == "scontrol"] == [
+        ["scontrol", "requeue", "4242"]
+    ]
 
 
 # ---------------------------------------------------------------- quoting, every target

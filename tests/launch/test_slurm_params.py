@@ -4,6 +4,7 @@ SLURM task (requeue on 75), checked against submitit's own job entry point."""
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -246,6 +247,18 @@ def test_preempted_rank0_requeues_and_leaves_with_75(task_env):
         job().finish(75)
     assert stop.value.code == 75
     assert task_env.read_text() == "scontrol requeue 4242\n"
+
+
+def test_the_requeue_survives_the_signals_of_the_preemption_that_asked_for_it(task_env):
+    """SLURM signals every process of the step, scontrol too: killed mid-request by the
+    preemption's SIGTERM or a second SIGUSR2, it would leave the job FAILED, not requeued."""
+    scontrol = Path(shutil.which("scontrol"))
+    scontrol.write_text("#!/bin/bash\nkill -TERM $$; kill -USR2 $$\n" + scontrol.read_text()[12:])
+    with pytest.raises(SystemExit) as stop:
+        job().finish(75)
+    assert stop.value.code == 75
+    assert task_env.read_text() == "scontrol requeue 4242\n"
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # the handlers are back
 
 
 def test_preempted_array_task_requeues_its_own_task(task_env, monkeypatch):

@@ -4,6 +4,7 @@ multi-node steps, requeue, signal delivery, and submitit jobs."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 
@@ -152,6 +153,13 @@ def test_submitit_reports_an_exception_raised_in_the_job(slurm_cluster, tmp_path
         job.result()
 
 
+def _wait_for_text(path, text, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{path} did not say {text!r} within {timeout}s"
+        time.sleep(0.1)
+
+
 def test_submitit_preempted_checkpointable_job_is_requeued_and_finishes(slurm_cluster, tmp_path):
     class Resumable(submitit.helpers.Checkpointable):
         def __call__(self, marker):
@@ -168,8 +176,13 @@ def test_submitit_preempted_checkpointable_job_is_requeued_and_finishes(slurm_cl
     marker = tmp_path / "first-run"
     job = _executor(tmp_path, nodes=1, tasks_per_node=1).submit(Resumable(), str(marker))
     slurm_cluster.wait_for_file(marker)
-    time.sleep(0.5)  # let submitit's signal handlers settle in
-    job._interrupt()  # preemption as SLURM does it: SIGTERM, then USR2, to the job's steps
+    # Preemption as SLURM does it: SIGTERM, then USR2, to the job's steps (job._interrupt()).
+    # Each scancel only asks slurmd, so the SIGTERM could arrive after the USR2 and kill the
+    # `scontrol requeue` that submitit's USR2 handler runs: the USR2 goes once the job has
+    # logged the SIGTERM (launch.slurm.requeue makes the engine's own requeue immune).
+    subprocess.run(["scancel", "--signal", "TERM", job.job_id], check=True)
+    _wait_for_text(job.paths.stderr, "Bypassing signal SIGTERM")
+    subprocess.run(["scancel", "--signal", "USR2", job.job_id], check=True)
     _wait_submitit(job, timeout=60)
     assert job.result() == 1
     assert slurm_cluster.wait(job.job_id, timeout=30).restarts == 1
