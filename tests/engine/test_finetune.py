@@ -5,6 +5,7 @@ one-line refusals. The runs that train from such files are in tests/recipes/test
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 
 from engine import catalog, finetune
 from engine import checkpoint as ckpt
-from engine.config import ConfigError, OptimConfig
+from engine.config import ConfigError, OptimConfig, WeightsInit
 from engine.optim import lr_factors, param_groups
 
 
@@ -247,3 +248,41 @@ def test_a_sharded_checkpoint_and_a_run_directory_read_as_their_weights(tmp_path
         finetune.read(folder.parent, ema=True)
     with pytest.raises(ConfigError, match="nor a run directory holding one"):
         finetune.read(tmp_path, ema=False)
+
+
+# ---------------------------------------------------------------- what the run records
+
+
+def started_from(path: Path, model: nn.Module) -> dict:
+    """start_from's record for a run whose model.init_from is `path` (rank 0)."""
+    return finetune.start_from(model, WeightsInit(init_from=str(path)), is_main=True)
+
+
+def test_the_record_names_exactly_the_tensors_not_loaded(tmp_path):
+    """A head for another class count: its tensors keep the seed's values and are the ones
+    the record lists as re-initialised; every other tensor is loaded and counted."""
+    weights = random_state(1000, 0) | {"aux.weight": torch.ones(3)}
+    torch.save(weights, tmp_path / "other-head.pth")
+    torch.manual_seed(5)
+    model = small(10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rec = started_from(tmp_path / "other-head.pth", model)
+    after = model.state_dict()
+    from_file = [k for k in after if torch.equal(after[k], weights[k])]
+    kept = [k for k in after if k not in from_file]
+    assert kept == ["3.weight", "3.bias"]  # the head, and nothing else
+    assert all(torch.equal(after[k], before[k]) for k in kept)
+    assert rec["reinitialised"] == kept
+    assert rec["loaded"] == len(from_file) == len(after) - len(kept)
+    assert rec["unused"] == ["aux.weight"]
+
+
+def test_the_record_holds_the_sha256_of_the_files_bytes(tmp_path):
+    """Of the whole file (several MiB: read in chunks), not of its name or its first chunk."""
+    weights = random_state(10, 1) | {"aux.weight": torch.randn(3 << 18)}  # 3 MiB of floats
+    path = tmp_path / "weights.pt"
+    torch.save(weights, path)
+    rec = started_from(path, small(10))
+    assert rec["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (rec["file"], rec["name"], rec["format"]) == (str(path), "weights.pt", "state dict")
+    assert rec["reinitialised"] == [] and rec["loaded"] == len(small(10).state_dict())

@@ -22,6 +22,8 @@ import torch
 from engine import checkpoint as ckpt
 from engine import export
 from engine.checkpoint import best, sharded
+from engine.run import State
+from engine.tasks import Classification, NextToken
 from tests import helpers
 
 # 1437 training samples: 5 steps per epoch, an evaluation and a checkpoint after each.
@@ -330,3 +332,34 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         env=helpers.engine_env(),
         cwd=helpers.REPO,
     )
+
+
+def ranked_by_select(task, values: dict[int, float], k: int, run_dir: Path) -> list[dict]:
+    """State.best after best.select ranked a checkpoint at each step, each after an
+    evaluation of the task's headline at that step."""
+    state = State()
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(ckpt=SimpleNamespace(best=k)),
+        run_dir=run_dir,
+        strategy=SimpleNamespace(fsdp=False),
+        task=task,
+        state=state,
+    )
+    for step, value in values.items():
+        state.step, state.last_eval = step, {"step": step, task.headline: value}
+        best.select(run)
+    return state.best
+
+
+def test_a_lower_is_better_task_keeps_its_lowest_checkpoints(tmp_path):
+    """A loss (a language model's, a regression's) ranks its lowest values best."""
+    losses = {2: 0.9, 4: 0.4, 6: 0.7, 8: 0.5, 10: 1.2}
+    task = NextToken()
+    assert task.higher_is_better is False and task.headline == "loss"
+    kept = ranked_by_select(task, losses, 2, tmp_path)
+    lowest = sorted(losses, key=losses.get)[:2]
+    assert kept == [entry(step, losses[step]) for step in lowest]
+    # the same values under a higher-is-better headline: the highest, so direction matters
+    highest = sorted(losses, key=losses.get, reverse=True)[:2]
+    scores = ranked_by_select(Classification(10), losses, 2, tmp_path)
+    assert [e["step"] for e in scores] == highest != lowest

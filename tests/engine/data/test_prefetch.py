@@ -29,7 +29,11 @@ from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.run import Run
 from engine.train import fit
 from tests.datagen_images import plant_not_an_image, settle, wnid, write_image_folder
-from tests.engine.data.test_gpu_decode import plant_bad_huffman_table, torchvision_per_image, whole_batch
+from tests.engine.data.test_gpu_decode import (
+    plant_bad_huffman_table,
+    torchvision_per_image,
+    whole_batch,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities")
 CPU = torch.device("cpu")
@@ -396,3 +400,26 @@ def test_the_engine_s_loop_through_it_trains_bitwise_as_without(tmp_path, monkey
         assert weights.keys() == weights_.keys()
         assert all(torch.equal(weights[k], weights_[k]) for k in weights)
     assert results["ahead-stop"][0] == "stop_at_step"
+
+
+@pytest.mark.parametrize("depth", [3, 5])
+def test_a_consumer_slower_than_the_thread_still_takes_the_batches_in_order(data, depth):
+    """The loop asks for its first batch only once the thread is finishing its `depth`-th
+    (the loop was busy with a step): the depth - 1 batches before it, queued by then, wait in
+    the order they were loaded, not newest first."""
+    train = dataset(data)
+    loader, _ = loader_of(train, seed=2)
+    expected = synchronous(loader, train)
+    assert len(expected) > depth
+    finishing, queued = [], threading.Event()
+
+    def finish(x, device):
+        finishing.append(x)
+        if len(finishing) == depth:  # the batches before this one are queued: at least two
+            queued.set()
+        return train.finish_on_device(x, device)
+
+    batches = iter(FinishAhead(loader, finish, CPU, depth))
+    assert queued.wait(timeout=30)
+    assert_same(expected, list(batches))
+    assert no_thread_within()
