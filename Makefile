@@ -12,6 +12,8 @@
 export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT
 
 PYTHON ?= python3
+# make test spreads test modules over this many pytest-xdist workers (both cores here).
+TEST_WORKERS ?= 2
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
@@ -92,7 +94,7 @@ sif: $(STAMP)
 	@$(PY) -m launch sif
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not slurm"

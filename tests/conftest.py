@@ -23,6 +23,29 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
+    deselect_gpu_tests(config, items)
+    slow_modules_first(items)
+
+
+def slow_modules_first(items) -> None:
+    """Modules with SLURM tests, then modules with slow tests, then the rest, each module's
+    tests together and in their order: under -n 2 the long modules start first, and the
+    quick ones fill the gaps at the end."""
+
+    def rank(item) -> int:
+        return (
+            0 if item.get_closest_marker("slurm") else 1 if item.get_closest_marker("slow") else 2
+        )
+
+    module_rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        module_rank[module] = min(module_rank.get(module, 2), rank(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (module_rank[item.nodeid.split("::", 1)[0]], order[id(item)]))
+
+
+def deselect_gpu_tests(config, items) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -37,3 +60,25 @@ def pytest_collection_modifyitems(config, items):
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not needs_cuda(item)]
+
+
+# ---------------------------------------------------------------- both cores (pytest-xdist)
+
+# Tests that share the one local SLURM cluster (two nodes) run one after the other in a
+# single worker: two at once would queue behind each other's jobs and time out.
+SERIAL_SCOPES = {"tests/slurm/": "slurm"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs on both cores (-n 2): whole modules go to a worker, so a module's
+    fixtures (its reference runs) are made once, and the SLURM tests form one scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesWithSerialScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for prefix, scope in SERIAL_SCOPES.items():
+                if nodeid.startswith(prefix):
+                    return scope
+            return nodeid.split("::", 1)[0]
+
+    return ModulesWithSerialScopes(config, log)

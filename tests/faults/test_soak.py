@@ -49,11 +49,21 @@ def usage(pid: int) -> tuple[int, int] | None:
     return (fds, rss[0]) if rss else None  # a zombie has no resident set
 
 
-def middle_and_last_thirds(values: list) -> tuple[list, list]:
-    """The first third is start-up and warm-up (imports, allocator pools, the first
-    evaluation): a run grows there by design. A leak shows as growth after it."""
-    n = len(values) // 3
-    return values[n : 2 * n], values[-n:]
+def middle_and_last_thirds(series: list[tuple[int, int, int]]) -> tuple[list, list]:
+    """The samples taken in the middle and the last third of the run's steps. The first
+    third is start-up and warm-up (imports, allocator pools, the first evaluation): a run
+    grows there by design. A leak shows as growth after it. Thirds of the steps, not of the
+    samples: on a loaded machine the start-up can take a third of the time by itself."""
+    steps = int(SOAK[0].split("=")[1])
+    early = [(f, r) for step, f, r in series if steps / 3 <= step < 2 * steps / 3]
+    late = [(f, r) for step, f, r in series if step >= 2 * steps / 3]
+    return early, late
+
+
+def newest_step(folder: Path) -> int:
+    """The step of the newest checkpoint in the folder (0: none yet)."""
+    names = [p.name for p in folder.iterdir() if p.name.startswith("step-")]
+    return max((int(n.split("-")[1].split(".")[0]) for n in names), default=0)
 
 
 def test_a_long_two_process_run_keeps_files_descriptors_and_memory_bounded(tmp_path):
@@ -63,16 +73,17 @@ def test_a_long_two_process_run_keeps_files_descriptors_and_memory_bounded(tmp_p
         args, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     folder = run_dir(tmp_path, "soak") / "checkpoints"
-    samples: dict[int, list[tuple[int, int]]] = {}  # rank pid -> (fds, rss) over time
-    most_files = 0
+    samples: dict[int, list[tuple[int, int, int]]] = {}  # rank pid -> (step, fds, rss)
+    most_files = step = 0
     deadline = time.monotonic() + 900
     while proc.poll() is None:
         assert time.monotonic() < deadline, "the soak run did not finish"
-        for pid in ranks(proc.pid):
-            if (seen := usage(pid)) is not None:
-                samples.setdefault(pid, []).append(seen)
         if folder.is_dir():
             most_files = max(most_files, sum(1 for p in folder.iterdir()))
+            step = newest_step(folder)
+        for pid in ranks(proc.pid):
+            if (seen := usage(pid)) is not None:
+                samples.setdefault(pid, []).append((step, *seen))
         time.sleep(0.5)
     assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
 
