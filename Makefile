@@ -12,8 +12,10 @@
 export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT
 
 PYTHON ?= python3
-# make test spreads test modules over this many pytest-xdist workers (both cores here).
+# make test and test-fast spread test modules over this many pytest-xdist workers (both
+# cores here); modules go out in their collection order (tests/conftest.py sets it).
 TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --no-loadscope-reorder
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
@@ -94,10 +96,10 @@ sif: $(STAMP)
 	@$(PY) -m launch sif
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
+	$(PY) -m pytest $(XDIST) --durations=25
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not slurm"
+	$(PY) -m pytest $(XDIST) -m "not slow and not slurm"
 
 bench: $(STAMP)
 	$(PY) -m bench

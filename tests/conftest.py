@@ -82,3 +82,25 @@ def pytest_xdist_make_scheduler(config, log):
             return nodeid.split("::", 1)[0]
 
     return ModulesWithSerialScopes(config, log)
+
+
+# ---------------------------------------------------------------- where the time went
+
+_seconds_by_folder: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    folder = "/".join(report.nodeid.split("::", 1)[0].split("/")[:2])
+    _seconds_by_folder[folder] = _seconds_by_folder.get(folder, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Test time per folder (set-up, call and tear-down, summed over the workers), beside
+    the slowest tests that --durations lists: what tests/README.md's cost table is made of."""
+    if not _seconds_by_folder:
+        return
+    total = sum(_seconds_by_folder.values())
+    terminalreporter.section("test time per folder, summed over the workers")
+    for folder, seconds in sorted(_seconds_by_folder.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {folder}")
+    terminalreporter.write_line(f"{total:8.1f}s total")
