@@ -261,6 +261,7 @@ def test_half_set_distributed_env_is_an_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_resuming_a_run_with_another_model_is_a_one_line_error(tmp_path):
     run_engine(tmp_path, "w8", "model.width=8", "train.max_steps=2")
     before = sorted(p.name for p in (run_dir(tmp_path, "w8") / "checkpoints").iterdir())

@@ -166,6 +166,7 @@ def test_user_mistakes_are_one_line_exit_2_and_leave_no_file(run, tmp_path, caps
     assert out.stderr == f"error: {tmp_path / 'missing.pt'} does not exist\n"
 
 
+@pytest.mark.slow
 def test_a_digits_run_exports_with_its_recipe_in_the_metadata(tmp_path):
     """A real run's checkpoint: the recipe comes from its config, or from where the engine
     put it (<run.root>/<recipe>/<run name>/checkpoints/) when the config does not name it."""

@@ -170,6 +170,7 @@ def test_slurm_submission_without_submitit_is_one_line(tmp_path):
         assert "make sbatch" in line
 
 
+@pytest.mark.slow
 def test_local_launch_needs_neither_submitit_nor_wandb(tmp_path):
     pythonpath = without(tmp_path, "submitit", "wandb")
     config = launch("config", "--gpus", "0", PYTHONPATH=pythonpath)

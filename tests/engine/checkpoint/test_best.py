@@ -70,6 +70,7 @@ def summary(root: Path, name: str) -> dict:
     return json.loads((helpers.run_dir(root, name) / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_best_k_are_kept_apart_from_the_rolling_checkpoints(root):
     run = helpers.run_dir(root, "full")
     expected = best_by_records(root, "full")
@@ -90,6 +91,7 @@ def test_the_best_k_are_kept_apart_from_the_rolling_checkpoints(root):
     ]
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_with_the_same_best_set(root):
     full, resumed = (best.folder(helpers.run_dir(root, n)) for n in ("full", "resumed"))
     assert sorted(p.name for p in resumed.iterdir()) == sorted(p.name for p in full.iterdir())
@@ -100,6 +102,7 @@ def test_a_stopped_and_resumed_run_ends_with_the_same_best_set(root):
         assert again["best"] == ckpt.load(path)["best"]
 
 
+@pytest.mark.slow
 def test_export_best_gives_the_best_checkpoints_weights(root, tmp_path, capsys):
     run = helpers.run_dir(root, "full")
     first = best_by_records(root, "full")[0]
@@ -120,6 +123,7 @@ def test_export_best_gives_the_best_checkpoints_weights(root, tmp_path, capsys):
     assert helpers.same_weights(torch.load(tmp_path / "newest.pt", weights_only=True), newest)
 
 
+@pytest.mark.slow
 def test_export_average_is_the_mean_of_the_best_set(root, tmp_path):
     run = helpers.run_dir(root, "full")
     steps = [r["step"] for r in best_by_records(root, "full")]
@@ -149,6 +153,7 @@ def test_export_average_is_the_mean_of_the_best_set(root, tmp_path):
     assert helpers.same_weights(named, mean_of([ckpt.load(f)["model"] for f in files]))
 
 
+@pytest.mark.slow
 def test_make_export_reads_best_and_average(root, tmp_path):
     """BEST=1 and AVERAGE=1 as EMA=1 is read; with AVERAGE=1, CKPT may name several files."""
     run = helpers.run_dir(root, "full")
@@ -182,6 +187,7 @@ def mean_of(states: list[dict]) -> dict:
     return expected
 
 
+@pytest.mark.slow
 def test_a_mismatched_set_is_one_line_exit_2_and_no_file(root, tmp_path):
     run = helpers.run_dir(root, "full")
     good = best.folder(run) / file_name(best_by_records(root, "full")[0]["step"])
@@ -210,6 +216,7 @@ def test_a_mismatched_set_is_one_line_exit_2_and_no_file(root, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ckpt_best_0_keeps_no_best_folder(tmp_path):
     helpers.run_engine(tmp_path, "off", "train.max_steps=2", "ckpt.best=0")
     assert not best.folder(helpers.run_dir(tmp_path, "off")).exists()

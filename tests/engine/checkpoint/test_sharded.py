@@ -198,6 +198,7 @@ def script_env() -> dict[str, str]:
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_fsdp_on_two_processes_loads_on_one_and_a_full_disk_fails_every_rank(tmp_path):
     out = subprocess.run(
         [sys.executable, str(HERE), "worker", str(tmp_path), str(free_port())],
