@@ -69,6 +69,7 @@ def deselect_gpu_tests(config, items) -> None:
 SERIAL_SCOPES = {"tests/slurm/": "slurm"}
 
 
+@pytest.hookimpl(optionalhook=True)  # a plain `pytest` without xdist ignores it
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs on both cores (-n 2): whole modules go to a worker, so a module's
     fixtures (its reference runs) are made once, and the SLURM tests form one scope."""
