@@ -253,7 +253,8 @@ def test_the_requeue_survives_the_signals_of_the_preemption_that_asked_for_it(ta
     """SLURM signals every process of the step, scontrol too: killed mid-request by the
     preemption's SIGTERM or a second SIGUSR2, it would leave the job FAILED, not requeued."""
     scontrol = Path(shutil.which("scontrol"))
-    scontrol.write_text("#!/bin/bash\nkill -TERM $$; kill -USR2 $$\n" + scontrol.read_text()[12:])
+    preempted = "#!/bin/bash\nkill -TERM $$; kill -USR2 $$\n"  # as the fake starts
+    scontrol.write_text(scontrol.read_text().replace("#!/bin/bash\n", preempted, 1))
     with pytest.raises(SystemExit) as stop:
         job().finish(75)
     assert stop.value.code == 75
