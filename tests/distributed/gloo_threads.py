@@ -1,7 +1,8 @@
 """Run by test_clean_exit.py: the engine's command line in 2 spawned ranks, each of which
-prints the gloo threads still alive in it once the engine has returned. A process group that
-outlives the engine keeps them, and they end during interpreter shutdown instead, where they
-sometimes abort a finished process (SIGABRT)."""
+lists the gloo threads still alive in it once the engine has returned, in a file of its own
+under $GLOO_THREADS_OUT (two ranks printing to one pipe can interleave their lines). A
+process group that outlives the engine keeps them, and they end during interpreter shutdown
+instead, where they sometimes abort a finished process (SIGABRT)."""
 
 import os
 import sys
@@ -21,7 +22,10 @@ def gloo_threads() -> list[str]:
 
 def counted(argv: list[str]) -> int:
     code = main(argv)
-    print(f"rank {os.environ['RANK']} exit {code} gloo threads left: {gloo_threads()}", flush=True)
+    rank = os.environ["RANK"]
+    out = os.path.join(os.environ["GLOO_THREADS_OUT"], f"rank{rank}")
+    with open(out, "w") as f:
+        f.write(f"rank {rank} exit {code} gloo threads left: {gloo_threads()}\n")
     return code
 
 

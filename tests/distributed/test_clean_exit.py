@@ -19,13 +19,21 @@ SCRIPT = REPO / "tests" / "distributed" / "gloo_threads.py"
 
 
 def threads_left(root, name, *head):
+    report = root / f"threads-{name}-{len(head)}"
+    report.mkdir()
     args = [*QUIET, f"run.root={root}", "train.max_steps=2", "model.norm=group"]
     cmd = [sys.executable, str(SCRIPT), name, "digits", *head, "--", *args]
     out = subprocess.run(
-        cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=180
+        cmd,
+        cwd=REPO,
+        env={**engine_env(), "GLOO_THREADS_OUT": str(report)},
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return re.findall(r"rank (\d) exit 0 gloo threads left: (.*)", out.stdout)
+    lines = "".join(f.read_text() for f in sorted(report.iterdir()))
+    return re.findall(r"rank (\d) exit 0 gloo threads left: (.*)", lines)
 
 
 def test_gloo_threads_end_inside_the_engine_after_training_and_after_evaluation(tmp_path):
