@@ -60,14 +60,15 @@ def check_elastic(global_batch: int, micro_batch: int | None, world_sizes: list[
         return
     sizes = ", ".join(map(str, world_sizes))
     lcm = math.lcm(*world_sizes)
+    # With a micro batch given, every per-process share must hold whole micro batches: the
+    # global batch is then a multiple of lcm x micro batch, and the advice says so at once.
+    step = lcm * (micro_batch or 1)
     if global_batch % lcm:
         bad = next(w for w in world_sizes if global_batch % w)
-        lower, upper = global_batch // lcm * lcm, (global_batch // lcm + 1) * lcm
-        near = f"{lower} or {upper}" if lower else str(upper)
         raise ConfigError(
             f"train.batch_size={global_batch} does not divide over {bad} processes, one of "
-            f"this elastic run's world sizes ({sizes}); use a multiple of {lcm}, e.g. "
-            f"train.batch_size={near}"
+            f"this elastic run's world sizes ({sizes}); use a multiple of {step}"
+            f"{_of_micro(micro_batch)}, e.g. train.batch_size={_near(global_batch, step)}"
         )
     share = global_batch // lcm  # what every world size's per-process batch is a multiple of
     if micro_batch is None:
@@ -81,8 +82,21 @@ def check_elastic(global_batch: int, micro_batch: int | None, world_sizes: list[
         raise ConfigError(
             f"train.micro_batch_size={micro_batch} does not divide the per-process batch of "
             f"every world size of this elastic run ({sizes}; train.batch_size={global_batch}); "
-            f"use train.micro_batch_size={fits} (a divisor of {share})"
+            f"use train.micro_batch_size={fits} (a divisor of {share}), or keep it and set "
+            f"train.batch_size={_near(global_batch, step)}"
         )
+
+
+def _of_micro(micro_batch: int | None) -> str:
+    if not micro_batch:
+        return ""
+    return f" (their least common multiple times the micro batch, {micro_batch})"
+
+
+def _near(value: int, step: int) -> str:
+    """The multiples of step nearest value: "192 or 288", or the first one when value < step."""
+    lower, upper = value // step * step, (value // step + 1) * step
+    return f"{lower} or {upper}" if lower else str(upper)
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from engine.data.sampler import (
     eval_shard,
     plan_batches,
 )
+from tests.helpers import REPO
 
 
 def global_batches(n, batch, world, micro, seed, epoch, start=0):
@@ -108,7 +109,8 @@ def world_size_ok(batch: int, micro: int | None, world: int) -> bool:
 
 
 def suggested(message: str, key: str) -> list[int]:
-    return [int(v) for v in re.findall(rf"train\.{key}=(\d+)(?: or (\d+))?", message)[-1] if v]
+    found = re.findall(rf"train\.{key}=(\d+)(?: or (\d+))?", message)
+    return [int(v) for pair in found for v in pair if v]
 
 
 @settings(max_examples=300, deadline=None)
@@ -133,13 +135,27 @@ def test_an_elastic_range_passes_exactly_when_every_world_size_keeps_the_batch(
     assert "\n" not in message
     if micro is not None and all(world_size_ok(batch, micro, w) for w in sizes):
         raise AssertionError(f"refused a batch every world size keeps: {message}")
-    if "train.batch_size=" in message.split(";")[-1]:  # the batch itself: a multiple that fits
-        for fixed in suggested(message, "batch_size"):
-            assert all(fixed % w == 0 for w in sizes), message
-    else:  # the micro batch: the suggestion fits every world size, and is no larger
-        (fixed,) = suggested(message, "micro_batch_size")
+    advice = message.split(";")[-1]
+    batches, micros = suggested(advice, "batch_size"), suggested(advice, "micro_batch_size")
+    assert batches or micros, message
+    # Each suggestion, applied alone to the rest of the request, is accepted: never advice
+    # that the next check refuses for the micro batch the request already gave.
+    for fixed in batches:
+        assert all(fixed % w == 0 for w in sizes), message
+        if micro is not None:
+            check_elastic(fixed, micro, sizes)
+    for fixed in micros:
         assert all(world_size_ok(batch, fixed, w) for w in sizes), message
         assert micro is None or fixed <= micro
+
+
+def test_the_readme_elastic_example_passes_its_check():
+    # README's `make train ... NODES=2:4 GPUS=8 ARGS="..."`: every world size of the range.
+    text = (REPO / "README.md").read_text()
+    (line,) = [x for x in text.splitlines() if "NODES=2:4" in x and "GPUS=8" in x]
+    batch = int(re.search(r"train\.batch_size=(\d+)", line)[1])
+    micro = int(re.search(r"train\.micro_batch_size=(\d+)", line)[1])
+    check_elastic(batch, micro, [16, 24, 32])
 
 
 def test_an_elastic_range_without_a_micro_batch_names_one():
