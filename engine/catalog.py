@@ -9,16 +9,30 @@ only `load` imports a recipe's code."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.config import Config, ConfigError, merge, read_yaml, resolve
+from engine.config import (
+    ENGINE_SECTIONS,
+    Config,
+    ConfigError,
+    build_section,
+    merge,
+    parse_overrides,
+    read_yaml,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from engine.recipe import Recipe
 
+# What launch renders from: the run's place and the scheduler's request. The other sections
+# (a sweep's grid may hold comma lists there) are the engine's check's to validate.
+LAUNCH_SECTIONS = ("run", "slurm")
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 REPO = RECIPES_DIR.parent
 
@@ -100,11 +114,35 @@ def layered_yaml(
     return variant, merge(read_yaml(config_path(name, folder)), layer)
 
 
-def default_data_root(name: str, recipes_data: str | None) -> str:
-    """$RECIPES_DATA/<recipe> (the container sets RECIPES_DATA=/data), else data/<recipe>
-    in the checkout, where launch mounts the host's data folder."""
+def decide_data_root(given: str, name: str, recipes_data: str | None) -> str:
+    """The one rule for a recipe's data root: data.root as given, else $RECIPES_DATA/<recipe>
+    (a container sets RECIPES_DATA=/data, where launch mounts the host's data folder), else
+    data/<recipe> in the checkout."""
+    if given:
+        return given
     base = Path(recipes_data) if recipes_data else REPO / "data"
     return str(base / name)
+
+
+def requested_sections(
+    name: str, config: str, overrides: typing.Sequence[str], folder: Path = RECIPES_DIR
+) -> tuple[str, dict[str, Any]]:
+    """(the variant, the run and slurm sections and the top-level device, as the engine
+    resolves them): defaults <
+    config.yaml < the variant or config file < overrides, layered by the same code as
+    `resolve`. Torch-free, for launch, which renders the scheduler's request and the run
+    directory from these; the recipe's sections, which need its code, are left to the
+    engine's check of the same request."""
+    variant, layer = config_layer(name, config, folder)
+    tree = parse_overrides(overrides, dict(ENGINE_SECTIONS))
+    merged = merge(merge(read_yaml(config_path(name, folder)), layer), tree)
+    sections = {}
+    for section in LAUNCH_SECTIONS:
+        cls = ENGINE_SECTIONS[section]
+        values = merged.get(section)
+        sections[section] = build_section(section, cls, {} if values is None else values)
+    sections["device"] = merged.get("device", "auto")  # checked by the engine's own check
+    return variant, sections
 
 
 def load(name: str) -> Recipe:
@@ -113,13 +151,19 @@ def load(name: str) -> Recipe:
 
 
 def load_config(name: str, overrides: list[str], config: str = "") -> tuple[Config, Recipe]:
-    """engine defaults < config.yaml < the variant's yaml or a config file < overrides;
-    data.root resolved. `config`: a variant's name or a config file's path."""
+    """engine defaults < config.yaml < the variant's yaml or a config file < overrides.
+    `config`: a variant's name or a config file's path."""
     recipe_yaml = read_yaml(config_path(name))
     variant, layer = config_layer(name, config)
     recipe = load(name)
     sections = {"model": recipe.model_config, "data": recipe.data_config}
-    cfg = resolve(name, recipe_yaml, overrides, sections, variant, layer)
-    if getattr(cfg.data, "root", None) == "":
-        cfg.data.root = default_data_root(name, os.environ.get("RECIPES_DATA"))
-    return cfg, recipe
+    return resolve(name, recipe_yaml, overrides, sections, variant, layer), recipe
+
+
+def data_here(cfg: Config) -> Any:
+    """The data section as this machine reads it: data.root decided here (decide_data_root),
+    never written back into the config, which keeps what was asked ("" follows the machine)."""
+    if not hasattr(cfg.data, "root"):
+        return cfg.data
+    root = decide_data_root(cfg.data.root, cfg.recipe, os.environ.get("RECIPES_DATA"))
+    return dataclasses.replace(cfg.data, root=root)

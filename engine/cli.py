@@ -244,7 +244,7 @@ def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     if spawn > 1:
         head = [request.recipe, *(["--config", request.config] if request.config else [])]
         head += request.eval_flags()
-        name = cfg.run.name or rundir.new_run_name(cfg.recipe, cfg.variant)
+        name = rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant)
         return spawn_local(spawn, main, head, request.overrides, name)
     if request.evaluate:
         return score(cfg, recipe, Path(request.evaluate), request.ema, request.out)
@@ -271,14 +271,15 @@ def preflight(cfg: C.Config, *world_sizes: int) -> None:
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
     if cfg.run.name:
-        run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
+        run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
     wandb_mode(cfg.log)
 
 
 def data_location(cfg: C.Config) -> str:
     """Where the data config points (data.root, else data.path); "" for nowhere."""
-    return getattr(cfg.data, "root", "") or getattr(cfg.data, "path", "") or ""
+    data = catalog.data_here(cfg)
+    return getattr(data, "root", "") or getattr(data, "path", "") or ""
 
 
 def check_data(cfg: C.Config, recipe: Recipe, here: bool) -> None:
@@ -287,7 +288,7 @@ def check_data(cfg: C.Config, recipe: Recipe, here: bool) -> None:
     location = data_location(cfg)
     if recipe.check_data is None or not (here or (location and Path(location).exists())):
         return
-    recipe.check_data(cfg.data)
+    recipe.check_data(catalog.data_here(cfg))
 
 
 # ---------------------------------------------------------------- --help

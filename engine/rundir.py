@@ -24,9 +24,18 @@ TEMP_GLOB = ".step-*.tmp"  # checkpoint.atomic_save's partial files
 PARTIAL_DIR_GLOBS = (".step-*.partial", ".step-*.old")  # checkpoint.sharded's directories
 
 
-def new_run_name(recipe: str, variant: str = "") -> str:
-    """A new name per launch: time stamp, recipe (and variant), and a random suffix (two
-    launches in the same second never share a run directory)."""
+def decide_run_dir(root: str, recipe: str, name: str) -> Path:
+    """The one rule for where a run lives, used by the engine and by launch alike:
+    <run.root>/<recipe>/<run.name>."""
+    return Path(root) / recipe / name
+
+
+def decide_run_name(given: str, recipe: str, variant: str = "") -> str:
+    """The one rule for a run's name: run.name as given, else a new name per launch: time
+    stamp, recipe (and variant), and a random suffix (two launches in the same second never
+    share a run directory). Launch decides it once, so every node and rank gets the same."""
+    if given:
+        return given
     what = f"{recipe}-{variant}" if variant else recipe
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-{secrets.token_hex(2)}"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine import catalog, finetune, rundir
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
-from engine import finetune, rundir
 from engine import parallel as P
 from engine.checkpoint.state import check_resumable, restore, resume_source
 from engine.data import shm
@@ -72,7 +72,7 @@ def check_request(
 def build_datasets(cfg: C.Config, recipe: Recipe):
     """Rank 0 first (it scans and caches file indexes; the others then read them), and the
     model's class count from the data when model.num_classes is 0."""
-    train_data, eval_data = D.main_first(lambda: recipe.build_datasets(cfg.data))
+    train_data, eval_data = D.main_first(lambda: recipe.build_datasets(catalog.data_here(cfg)))
     if getattr(cfg.model, "num_classes", None) == 0:
         classes = getattr(train_data, "classes", None)
         if not classes:
@@ -89,7 +89,7 @@ def setup(
 ) -> Run:
     """The run, ready to train; records=False (evaluation only) claims no run directory and
     writes nothing."""
-    run_dir = Path(cfg.run.root) / cfg.recipe / cfg.run.name
+    run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
     mode = wandb_mode(cfg.log) if denv.is_main else "off"
     plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
     dtype = amp_dtype(cfg.train.amp, device)
@@ -251,6 +251,8 @@ def open_run_dir(run: Run, wandb: str) -> None:
         task = run.task
         env = environment(denv.world_size, hosts, run.device)
         env["task"] = task_facts(task.headline, task.higher_is_better, task.unit)
+        if hasattr(cfg.data, "root"):  # where this machine read the data (config: as asked)
+            env["data_root"] = catalog.data_here(cfg).root
         if run.init_record:
             env["init"] = run.init_record
         ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")

@@ -290,7 +290,7 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
     D.init(denv, cfg.dist, device)
     run = None
     try:
-        name = D.broadcast_object(cfg.run.name or rundir.new_run_name(cfg.recipe, cfg.variant))
+        name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
         cfg.run.name = name
         run = setup(cfg, recipe, denv, device)
         reason = fit_or_explain(run)

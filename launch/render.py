@@ -13,6 +13,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from engine.rundir import decide_run_dir
+
 WORKDIR = "/workspace"  # the image's WORKDIR: the checkout is mounted here
 DATA_MOUNT = "/data"  # the data root inside a container (RECIPES_DATA points here)
 PREEMPTED = 75  # engine exit code: stopped on SIGUSR2 with a checkpoint saved
@@ -60,6 +62,9 @@ class Request:
     recipe: str
     run_name: str
     variant: str = ""  # the recipe's named config (CONFIG=v2): recipes/<recipe>/<variant>.yaml
+    # cpu or cuda: the device the request asks for (GPUS=0: cpu); "": the machine decides
+    # (device=auto), so a saved config never pins the launching host's device.
+    device: str = ""
     gpus: int = 0  # per node; 0 = CPU
     nodes: int = 1  # the fewest nodes of an elastic range
     max_nodes: int = 0  # > nodes: an elastic range, NODES=nodes:max_nodes
@@ -104,7 +109,7 @@ class Request:
 
     @property
     def run_dir(self) -> str:
-        return posixpath.join(self.run_root, self.recipe, self.run_name)
+        return str(decide_run_dir(self.run_root, self.recipe, self.run_name))
 
 
 def shell_join(argv: list[str]) -> str:
@@ -121,9 +126,9 @@ def engine_args(req: Request) -> list[str]:
     user's overrides."""
     keys = override_keys(req.overrides)
     added = ["--config", req.variant] if req.variant else []
-    if req.gpus == 0 and "device" not in keys:
-        added.append("device=cpu")
-    if "run.name" not in keys:
+    if req.device and "device" not in keys:
+        added.append(f"device={req.device}")
+    if "run.name" not in keys and req.run_name:  # "": make config, which names no run
         added.append(f"run.name={req.run_name}")
     return [req.recipe, *added, *req.engine_flags, *req.overrides]
 

@@ -1,13 +1,18 @@
 """From a command's flags, the environment and the recipe's config to one render.Request.
 
-Every value comes from a flag, else from the environment variable the Makefile exports, else
-from the recipe's config (`slurm:` and `run.root`), else from a default. A bad value is one
-UserError naming it and the fix. train, submit, sweep and report resolve their requests here.
+The config is the engine's: launch never reads a recipe's YAML itself. A request's variables
+that are config keys (SLURM's PARTITION, TIME_MIN, ...; GPUS and NODES for a SLURM job) become
+overrides placed before ARGS, and the engine's own layering resolves them
+(catalog.requested_sections): ARGS > variables (or their flags) > config file or variant >
+recipe config.yaml > defaults. The same overrides go into the rendered command, so the run's
+saved config.yaml records what the scheduler was asked for. A bad value is one UserError
+naming it and the fix. train, submit, sweep and report resolve their requests here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -17,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from engine import catalog
-from engine.config import ConfigError, SlurmConfig, build_section
-from engine.rundir import new_run_name
+from engine.config import ConfigError
+from engine.rundir import decide_run_name
 from launch.errors import UserError
 from launch.render import Request, Slurm
 
@@ -208,9 +213,11 @@ def config_argument(config: str) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> tuple[str, dict]:
-    """(the variant, config.yaml with the variant's file or a config file layered on it, as
-    the engine layers them); a config file's variant is the one it records."""
+def requested_sections(
+    recipe: str, variant: str, overrides: tuple[str, ...], env: Mapping[str, str]
+) -> tuple[str, dict]:
+    """(the variant, the engine's sections as the engine resolves them for this request):
+    what launch renders the run directory and the scheduler's request from."""
     folder = recipes_dir(env)
     try:
         catalog.config_path(recipe, folder)
@@ -224,9 +231,9 @@ def recipe_config(recipe: str, variant: str, env: Mapping[str, str]) -> tuple[st
         except ConfigError as err:
             raise UserError(str(err)) from None
     try:
-        return catalog.layered_yaml(recipe, variant, folder)
-    except ConfigError as err:  # a file that is not YAML, or not a mapping of sections
-        raise UserError(f"{err}; fix the file") from None
+        return catalog.requested_sections(recipe, variant, overrides, folder)
+    except ConfigError as err:  # a file that is not YAML, or a bad run.* or slurm.* value
+        raise UserError(f"{err}; fix the value or the file") from None
 
 
 # ---------------------------------------------------------------- overrides and counts
@@ -313,12 +320,6 @@ def check_cpu_job(
         )
 
 
-def declared_resources(config: dict) -> tuple[int, int]:
-    """The recipe's slurm.gpus_per_node and slurm.nodes (validated in resolve_slurm)."""
-    section = config.get("slurm") or {}
-    return int(section.get("gpus_per_node") or 0), int(section.get("nodes") or 1)
-
-
 def rendezvous(
     args: argparse.Namespace, env: Mapping[str, str], nodes: str, name: str | None, target: str
 ) -> str | None:
@@ -358,30 +359,77 @@ def max_restarts(
     return restarts
 
 
-def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict) -> Slurm:
-    section = config.get("slurm") or {}
-    try:  # the same schema and messages as the engine, which validates the section too
-        build_section("slurm", SlurmConfig, section)
-    except ConfigError as err:
-        raise UserError(f"recipe config.yaml: {err}") from None
-    values = {k: v for k, v in section.items() if v is not None and k not in RESOURCES}
-    labels = {k: f"slurm.{k}" for k in values}
+def variable_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The SLURM variables (or their flags) as the config keys they set, e.g. TIME_MIN=30 as
+    slurm.time_min=30: placed before ARGS, over the config file and the recipe."""
+    asked = []
     for name, (flag, var) in SLURM_FLAGS.items():
         picked = pick(getattr(args, name), flag, env, var)
-        if picked:
-            labels[name], values[name] = picked
-    for name in SLURM_INTS:
-        if name in values:
+        if not picked:
+            continue
+        label, text = picked
+        if name in SLURM_INTS:
             minimum = 0 if name == "signal_delay_s" else 1
-            values[name] = whole(labels[name], str(values[name]), minimum, "fix that value")
-    setup = values.get("setup", ())
-    if isinstance(setup, str) or not all(isinstance(x, str) for x in setup):
-        raise UserError("slurm.setup must be a list of shell lines; fix config.yaml")
-    values["setup"] = tuple(setup)
+            text = str(whole(label, text, minimum, "fix that value"))
+        if "\n" in text or "\r" in text:
+            raise UserError(f"{label} cannot contain a line break; give one line")
+        asked.append(f"slurm.{name}={text}")
+    return tuple(asked)
+
+
+def slurm_options(section) -> Slurm:
+    """The scheduler's options from the resolved slurm section (GPUs and nodes are the
+    request's own fields)."""
+    values = {f.name: getattr(section, f.name) for f in dataclasses.fields(Slurm)}
+    values["setup"] = tuple(section.setup)
     for name, value in values.items():
         if isinstance(value, str) and ("\n" in value or "\r" in value):
-            raise UserError(f"{labels[name]} cannot contain a line break; give one line")
+            raise UserError(f"slurm.{name} cannot contain a line break; give one line")
     return Slurm(**values)
+
+
+def agreed(label: str, given: int, key: str, user: tuple[str, ...]) -> None:
+    """GPUS or NODES and the same key in ARGS must not ask for two different things."""
+    said = override_value(user, key)
+    if said is not None and said.strip() != str(given):
+        raise UserError(
+            f"{label}={given} but ARGS sets {key}={said}; give one of them (they ask SLURM "
+            "for the same thing)"
+        )
+
+
+def resources(picked, gpus: int, nodes: tuple[int, int], env, args, sections, user):
+    """Overrides that make the saved slurm section say what the job asks for, where GPUS or
+    NODES differ from what the layers give."""
+    out = []
+    slurm = sections["slurm"]
+    if picked:
+        agreed(picked[0], gpus, "slurm.gpus_per_node", user)
+        if gpus != slurm.gpus_per_node:
+            out.append(f"slurm.gpus_per_node={gpus}")
+    given = pick(args.nodes, "--nodes", env, "NODES")
+    if given and not nodes[1]:
+        agreed(given[0], nodes[0], "slurm.nodes", user)
+    if given and nodes[0] != slurm.nodes:
+        out.append(f"slurm.nodes={nodes[0]}")  # a range: its fewest
+    return tuple(out)
+
+
+def asked_device(picked, gpus: int, cpu_asked: bool, device: str, user: tuple[str, ...]) -> str:
+    """The device the request asks for, when it asks: CPU processes (GPUS=0, or a SLURM job
+    of a recipe declaring no GPUs) run with device=cpu; GPUs asked for cannot run on a
+    device=cpu that a config file recorded. "" when this machine alone decided (no GPUS
+    given for a local run): the config keeps device=auto, and env.json records the device."""
+    said = override_value(user, "device")
+    if gpus and said == "cpu":
+        raise UserError(f"GPUS={gpus} but ARGS sets device=cpu; use GPUS=0 for CPU processes")
+    if said is not None:
+        return ""
+    if cpu_asked:
+        return "cpu" if device != "cpu" else ""
+    if gpus and picked and device == "cpu":  # e.g. a config saved by a CPU run
+        return "cuda"
+    return ""
 
 
 # ---------------------------------------------------------------- the request
@@ -390,14 +438,22 @@ def resolve_slurm(args: argparse.Namespace, env: Mapping[str, str], config: dict
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
     variant = config_argument(args.config or env.get("CONFIG") or "")
     recipe = recipe_name(args, env, variant)
-    recorded_variant, config = recipe_config(recipe, variant, env)
-    overrides = parse_overrides(env.get("ARGS", ""), args.overrides)
-    slurm = resolve_slurm(args, env, config)
-    declared = declared_resources(config) if target in SLURM_TARGETS else None
+    user = parse_overrides(env.get("ARGS", ""), args.overrides)
+    slurm_job = target in SLURM_TARGETS
+    asked = variable_overrides(args, env)  # checked on every target, used by SLURM's
+    asked = asked if slurm_job else ()
+    _, sections = requested_sections(recipe, variant, (*asked, *user), env)
+    slurm = sections["slurm"]
+    declared = (slurm.gpus_per_node, slurm.nodes) if slurm_job else None
     picked, gpus, (nodes, most), procs = process_counts(args, env, declared)
     if declared:
         check_cpu_job(args, env, recipe, declared[0], gpus)
-    name = run_name(overrides)
+        asked += resources(picked, gpus, (nodes, most), env, args, sections, user)
+    cpu_asked = gpus == 0 and (picked is not None or slurm_job)
+    device = asked_device(picked, gpus, cpu_asked, sections["device"], user)
+    overrides = (*asked, *user)
+    recorded_variant, sections = requested_sections(recipe, variant, overrides, env)
+    name = run_name(user)
     node_text = f"{nodes}:{most}" if most else str(nodes)
     if most and target == "pyxis":
         raise UserError(
@@ -406,7 +462,6 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         )
     rdzv = rendezvous(args, env, node_text, name, target)
     restarts = max_restarts(args, env, target, node_text if most else None)
-    run_root = override_value(overrides, "run.root") or (config.get("run") or {}).get("root")
     image = args.image or env.get("IMAGE") or ""
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
@@ -414,7 +469,8 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
     return Request(
         recipe=recipe,
-        run_name=name or new_run_name(recipe, recorded_variant),
+        device=device,
+        run_name=decide_run_name(name or "", recipe, recorded_variant),
         variant=variant,
         gpus=gpus,
         nodes=nodes,
@@ -428,9 +484,9 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         max_restarts=restarts,
         src=str(ROOT),
         data=env.get("RECIPES_DATA") or "data",
-        run_root=str(run_root or "runs"),
+        run_root=sections["run"].root,
         uid_gid=f"{os.getuid()}:{os.getgid()}",
         passthrough_env=tuple(sorted(k for k in env if NCCL_SETTING.fullmatch(k))),
         infiniband=Path("/dev/infiniband").exists(),
-        slurm=slurm,
+        slurm=slurm_options(sections["slurm"]),
     )

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.redact import redact
+from engine.rundir import decide_run_dir
 from launch import cells as C
 from launch import check, compare, grid, render, report, request, stats
 from launch.cells import Cell, Member
@@ -90,7 +91,8 @@ class Plan:
 
 
 def report_dir(src: str, run_root: str, recipe: str, base: str) -> Path:
-    return Path(src) / run_root / recipe / f"{base}-sweep"
+    """A sweep's folder sits beside its members' run directories (the same rule)."""
+    return Path(src) / decide_run_dir(run_root, recipe, f"{base}-sweep")
 
 
 def pick_int(args_value, flag: str, env: Mapping[str, str], var: str, fix: str) -> int | None:

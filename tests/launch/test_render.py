@@ -17,7 +17,9 @@ INJECT_KV = "note=$(touch pwned); `touch pwned2` ' \" \\ ;"
 
 
 def req(**kw) -> Request:
+    """A request as launch resolves it; GPUS=0 asks for device=cpu."""
     base = dict(recipe="digits", run_name="RUN", python=PY, src="/src", image="img:1")
+    base["device"] = "cpu" if not kw.get("gpus") else ""
     return Request(**{**base, **kw})
 
 

@@ -36,6 +36,7 @@ FULL = Slurm(
 
 def req(**kw) -> Request:
     base = dict(recipe="digits", run_name="RUN", python="/venv/bin/python", src="/src")
+    base["device"] = "cpu" if not kw.get("gpus") else ""  # GPUS=0 asks for device=cpu
     return Request(**{**base, **kw})
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from engine import catalog
 from engine import config as C
 from engine.catalog import load_config
 from tests.helpers import REPO, engine_env, launch, launch_env
@@ -91,8 +92,12 @@ def test_variant_layers_between_config_yaml_and_overrides():
 
 
 def test_data_root_defaults_to_recipes_data_then_the_checkout(monkeypatch):
+    # Decided where the data is read (catalog.data_here); the config keeps what was asked, so
+    # a config saved on one machine does not pin that machine's path.
     monkeypatch.setenv("RECIPES_DATA", "/mnt/datasets")
-    assert load_config("imagenet", [])[0].data.root == "/mnt/datasets/imagenet"
+    cfg = load_config("imagenet", [])[0]
+    assert cfg.data.root == "" and catalog.data_here(cfg).root == "/mnt/datasets/imagenet"
     monkeypatch.delenv("RECIPES_DATA")
-    assert load_config("cifar10", [])[0].data.root == str(REPO / "data" / "cifar10")
-    assert load_config("cifar10", ["data.root=/x"])[0].data.root == "/x"
+    cfg = load_config("cifar10", [])[0]
+    assert catalog.data_here(cfg).root == str(REPO / "data" / "cifar10")
+    assert catalog.data_here(load_config("cifar10", ["data.root=/x"])[0]).root == "/x"
