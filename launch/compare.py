@@ -305,8 +305,26 @@ def git_texts(found: list[runs.Run]) -> str:
     return ", ".join(sorted({report.git_text(r.env) for r in found}))
 
 
+def check_one_recipe(found: list[runs.Run]) -> None:
+    """Runs of different recipes are judged by different tasks on different data: their
+    headlines are not one quantity, so ranking them against each other means nothing."""
+    first: dict[str, runs.Run] = {}
+    for run in found:
+        if run.recipe is not None:
+            first.setdefault(run.recipe, run)
+    if len(first) > 1:
+        named = ", ".join(f"{run.name} is {recipe}" for recipe, run in first.items())
+        recipe = next(iter(first))
+        same = " ".join(str(run.path) for run in found if run.recipe == recipe)
+        raise UserError(
+            f"cannot compare runs of different recipes ({named}); compare runs of one "
+            f'recipe, e.g. RUNS="{same}"'
+        )
+
+
 def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     found = report.read_runs(report.run_paths(args, env, command="compare"))
+    check_one_recipe(found)
     parent = report.common_parent(found)
     stem = report.output_stem(found).replace("report-", "compare-", 1)
     md, js, png = (parent / f"{stem}{ext}" for ext in (".md", ".json", ".png"))

@@ -59,6 +59,12 @@ class Run:
     checkpoint_step: int = 0  # of its newest checkpoint (0: none)
 
     @property
+    def recipe(self) -> str | None:
+        """The recipe that trained it, as its config.yaml names it (None: not recorded)."""
+        recipe = self.config.get("recipe")
+        return recipe if isinstance(recipe, str) and recipe else None
+
+    @property
     def world_size(self) -> Any:
         return (self.summary or {}).get("world_size", self.env.get("world_size"))
 

@@ -1,0 +1,48 @@
+"""`make compare` / `python -m launch compare` on run directories written by hand (config.yaml,
+metrics.jsonl, summary.json, as the engine leaves them): no training here."""
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from launch import cli
+
+
+def make_run(parent: Path, name: str, recipe: str, seed: int, value: float) -> Path:
+    """A finished run of `recipe` whose headline (its task's, in summary.json) is `value`."""
+    headline, higher = ("top1", True) if recipe != "regression" else ("eval_loss", False)
+    folder = parent / name
+    folder.mkdir(parents=True)
+    config = {"recipe": recipe, "seed": seed, "run": {"name": name}, "optim": {"lr": 0.1}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    metric = headline.removeprefix("eval_")
+    record = {"kind": "eval", "step": 4, "epoch": 0, metric: value, "count": 10}
+    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    summary = {headline: value, "headline": headline, "higher_is_better": higher}
+    summary |= {"seconds": 1.5, "steps": 4, "epochs": 0, "world_size": 1}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_runs_of_two_recipes_are_refused_in_one_line_naming_both(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    first = make_run(runs / "regression", "fit", "regression", 0, 0.25)
+    other = make_run(runs / "imagenet", "resnet", "imagenet", 0, 0.75)
+    code = cli.main(["compare", str(first), str(other)], env={})
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("launch: cannot compare runs of different")
+    assert "regression/fit is regression" in err and "imagenet/resnet is imagenet" in err
+    assert f'compare runs of one recipe, e.g. RUNS="{first}"' in err
+    assert sorted(os.listdir(runs)) == ["imagenet", "regression"]  # nothing written
+
+
+def test_runs_of_one_recipe_are_still_compared(tmp_path, capsys):
+    a = [make_run(tmp_path, f"a{s}", "digits", s, 0.5 + s / 100) for s in range(2)]
+    code = cli.main(["compare", *map(str, a)], env={})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Comparison of 2 runs in 1 group" in out
+    assert (tmp_path / "compare-a0+a1.md").is_file()
