@@ -159,6 +159,27 @@ def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
     return run_id, rows
 
 
+TORCH_FREE_ENGINE = ("config", "catalog.py", "rundir.py", "results.py", "redact.py", "preempt.py")
+
+
+def copy_torch_free_engine(root: Path) -> None:
+    """The engine modules launch imports outside the SLURM job (a module or a package)."""
+    import shutil
+
+    (root / "engine").mkdir()
+    (root / "engine" / "__init__.py").write_text("")
+    for shared in TORCH_FREE_ENGINE:
+        source = REPO / "engine" / shared
+        if (REPO / "engine" / f"{shared}.py").exists():  # config: one module or a package
+            source = REPO / "engine" / f"{shared}.py"
+        if source.is_dir():
+            shutil.copytree(
+                source, root / "engine" / shared, ignore=shutil.ignore_patterns("__py*")
+            )
+        else:
+            shutil.copy(source, root / "engine" / source.name)
+
+
 def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
     """A copy of launch/ (and the torch-free engine modules it shares: the config schema,
     recipe discovery, run names, result names, redaction) beside a fake engine.train and one recipe, so
@@ -166,10 +187,7 @@ def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
     import shutil
 
     shutil.copytree(REPO / "launch", root / "launch", ignore=shutil.ignore_patterns("__py*"))
-    (root / "engine").mkdir()
-    (root / "engine" / "__init__.py").write_text("")
-    for shared in ("config.py", "catalog.py", "rundir.py", "results.py", "redact.py"):
-        shutil.copy(REPO / "engine" / shared, root / "engine" / shared)
+    copy_torch_free_engine(root)
     (root / "engine" / "train.py").write_text(fake_train)
     (root / "recipes" / "digits").mkdir(parents=True)
     (root / "recipes" / "digits" / "config.yaml").write_text(recipe_config)

@@ -18,6 +18,7 @@ from engine.config import SlurmConfig
 from launch import render, request, slurm
 from launch.errors import UserError
 from launch.render import Request, Slurm
+from tests.helpers import copy_torch_free_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = Slurm(
@@ -308,10 +309,8 @@ def main(argv):
 def run_process_job(tmp_path: Path, fake_slurm_bin: Path, signal_at: str, sig: str = "SIGUSR2"):
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT / "launch", checkout / "launch", ignore=shutil.ignore_patterns("__py*"))
-    (checkout / "engine").mkdir()
-    (checkout / "engine" / "__init__.py").write_text("")
+    copy_torch_free_engine(checkout)
     (checkout / "engine" / "cli.py").write_text(FAKE_TRAIN)
-    shutil.copy(ROOT / "engine" / "preempt.py", checkout / "engine" / "preempt.py")
     folder = tmp_path / "slurm"
     folder.mkdir()
     delayed = submitit_utils.DelayedSubmission(
