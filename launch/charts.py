@@ -118,6 +118,21 @@ def eval_metrics(runs: list[Run], headline: str) -> list[str]:
     return ordered[: len(STYLES)]
 
 
+def train_empty_text(runs: list[Run]) -> str:
+    """What a training panel with nothing to draw says. A run with evaluations or a summary
+    has records, only none of training: it ended before its first training record, which the
+    engine writes every log.every_steps steps."""
+    if any(run.metrics.train for run in runs):
+        return "not recorded"
+    if not any(run.metrics.eval or run.summary is not None for run in runs):
+        return "no records yet"
+    every = sorted({str(run.config.get("log.every_steps", "?")) for run in runs})
+    return (
+        f"no training records: shorter than log.every_steps={'/'.join(every)}\n"
+        "(the evaluations are in the loss and evaluation panels)"
+    )
+
+
 def draw_runs(
     runs: list[Run], labels: list[str], headline: Headline, path: Path, title: str
 ) -> Path:
@@ -138,14 +153,14 @@ def draw_runs(
                 _line(ax, run.metrics.train, name, colour, "-")
             key.plot([], [], color=colour, linewidth=3, label=textwrap.fill(labels[i], 60))
         _key(loss, [("-", "training"), ("--", "evaluation")])
-        _finish(loss, "loss", "no records yet")
+        _finish(loss, "loss", "no records yet")  # evaluations draw their loss here
         if metrics:
             _key(evals, [(s, metric_label(m)) for m, s in zip(metrics, STYLES, strict=False)], "o")
         if fractions(drawn, headline):
             _percent(evals)
         _finish(evals, "evaluation, once an epoch", "no evaluation yet")
         for ax, (_, title_text) in zip(train_axes, TRAIN_PANELS, strict=True):
-            _finish(ax, title_text, "no records yet")
+            _finish(ax, title_text, train_empty_text(runs))
         _percent(train_axes[-1])
         key.axis("off")
         key.legend(loc="upper left", fontsize=8, title="runs (what differs)", frameon=False)

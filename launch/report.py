@@ -191,10 +191,27 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "(the same run.name) finishes it.",
         ]
     lines += world_changes(found)
-    notes = [note for run in found for note in run.metrics.notes]
+    notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
     return "\n".join(lines) + "\n"
+
+
+def untrained_notes(found: list[Run]) -> list[str]:
+    """A run that has evaluations or a summary but no training record ended before its
+    first one (the engine writes one every log.every_steps steps): said, so that its empty
+    training panels do not read as a run that never started."""
+    notes = []
+    for run in found:
+        if run.metrics.train or not (run.metrics.eval or run.summary is not None):
+            continue
+        steps = (run.summary or {}).get("steps", run.last_step)
+        every = run.config.get("log.every_steps", "?")
+        notes.append(
+            f"{run.name}: no training records, its {steps} steps being fewer than "
+            f"log.every_steps={every}; the chart shows its evaluations only"
+        )
+    return notes
 
 
 def world_changes(found: list[Run]) -> list[str]:

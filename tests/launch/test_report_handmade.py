@@ -1,0 +1,87 @@
+"""`make report` / `python -m launch report` on run directories written by hand (config.yaml,
+metrics.jsonl, summary.json, as the engine leaves them): no training here, so these run in
+make test-fast; tests/launch/test_report.py reads real runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launch import charts, cli
+
+
+def make_run(
+    parent: Path, name: str, records: list[dict], summary: dict | None, every: int = 10
+) -> Path:
+    folder = parent / "digits" / name
+    folder.mkdir(parents=True)
+    config = {"recipe": "digits", "seed": 0, "log": {"every_steps": every}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+EVAL = {"kind": "eval", "step": 3, "epoch": 0, "loss": 2.304474303981388,
+        "top1": 0.10027855153203342, "top5": 0.520891364902507, "count": 359}  # fmt: skip
+SUMMARY = {"eval_loss": 2.304474303981388, "top1": 0.10027855153203342,
+           "top5": 0.520891364902507, "headline": "top1", "higher_is_better": True,
+           "seconds": 5.258913751998989, "steps": 3, "epochs": 0, "world_size": 1}  # fmt: skip
+
+
+def table(markdown: str) -> dict[str, dict[str, str]]:
+    """The Markdown table as {run: {column: cell}}."""
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    head = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+    return {row[0]: dict(zip(head, row, strict=True)) for row in rows}
+
+
+def run_report(*paths: Path, capsys) -> tuple[int, str, str]:
+    code = cli.main(["report", *map(str, paths)], env={})
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def empty_texts(monkeypatch) -> dict[str, str]:
+    """What each chart panel with nothing to draw would say, by the panel's title."""
+    said: dict[str, str] = {}
+    finish = charts._finish
+
+    def recording(ax, title: str, empty: str) -> None:
+        said[title] = empty
+        finish(ax, title, empty)
+
+    monkeypatch.setattr(charts, "_finish", recording)
+    return said
+
+
+# ---------------------------------------------------------------- a run shorter than a record
+
+
+def test_a_run_shorter_than_log_every_steps_reports_its_evaluation(tmp_path, capsys, empty_texts):
+    """3 steps with a training record every 10: no train record, but an evaluation and a
+    summary, which the report shows; the empty training panels say why, not 'no records'."""
+    run = make_run(tmp_path, "short", [EVAL], SUMMARY)
+    code, out, err = run_report(run, capsys=capsys)
+    assert code == 0, err
+    md = Path(out.split()[1]).read_text()
+    row = table(md)["short"]
+    assert row["status"] == "finished" and row["top1"] != "–"
+    assert (
+        "- short: no training records, its 3 steps being fewer than log.every_steps=10; the "
+        "chart shows its evaluations only" in md
+    )
+    for _, title in charts.TRAIN_PANELS:
+        assert empty_texts[title].startswith("no training records: shorter than log.every_steps=10")
+
+
+def test_a_run_with_no_record_at_all_still_says_no_records_yet(tmp_path, capsys, empty_texts):
+    run = make_run(tmp_path, "starting", [], None)
+    code, out, err = run_report(run, capsys=capsys)
+    assert code == 0, err
+    assert empty_texts["learning rate"] == empty_texts["loss"] == "no records yet"
+    assert "no training records" not in Path(out.split()[1]).read_text()
