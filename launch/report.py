@@ -14,6 +14,7 @@ import argparse
 import glob
 import hashlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -29,6 +30,7 @@ from launch.runs import Run
 # direction is not a metric, nor are the files of the best checkpoints
 OWN_COLUMNS = ("seconds", "world_size", "headline", "higher_is_better", "best_checkpoints")
 MAX_STEM = 120
+DIGITS = 4  # significant digits of a float in the table (summary.json has them all)
 
 
 def run_paths(
@@ -132,13 +134,50 @@ def status(run: Run) -> str:
     return said
 
 
+def number(value: float) -> str:
+    """A float to 4 significant digits (0.1003, 2.304, 1235; 1.235e-05 when tiny), never in
+    the exponent form for a large one (123457); ints, booleans and the rest as JSON writes
+    them (24, true, NaN)."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return json.dumps(value)
+    text = f"{value:.{DIGITS}g}"
+    if "e" in text and abs(value) >= 1:
+        text = f"{value:.0f}"
+    return text
+
+
+def init_text(init: dict) -> str:
+    """The first weights (engine.finetune's record) in short: the file's name or the named
+    weights, and how many tensors were loaded, re-initialised and left unused."""
+
+    def count(key: str) -> str:
+        value = init.get(key)
+        return str(len(value) if isinstance(value, list) else value if value is not None else "?")
+
+    source = init.get("weights") or init.get("name") or Path(str(init.get("file", "?"))).name
+    return (
+        f"{source}: {count('loaded')} loaded, {count('reinitialised')} re-initialised, "
+        f"{count('unused')} unused"
+    )
+
+
+def value_text(value) -> str:
+    """A recorded value as a table shows it: numbers to 4 significant digits, the init record
+    in short, anything else as JSON, cut short."""
+    if isinstance(value, dict) and "loaded" in value:
+        return init_text(value)
+    if isinstance(value, dict | list):
+        return textwrap.shorten(json.dumps(value), 60, placeholder=" ...")
+    return number(value)
+
+
 def cell(run: Run, column: str, headline: str) -> str:
-    """A metric exactly as recorded (a JSON number), '–' where the run has none. An unfinished
-    run's headline says that it is the last evaluation's, and of which step."""
+    """A metric as recorded, to 4 significant digits, '–' where the run has none. An
+    unfinished run's headline says that it is the last evaluation's, and of which step."""
     results = run.results
     if column not in results:
         return "–"
-    text = json.dumps(results[column])
+    text = value_text(results[column])
     if run.summary is None and column == headline:
         text += f" (at step {run.last_eval['step']}, unfinished)"
     return text
@@ -180,8 +219,9 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
         "|---|---|" + "---:|" * (len(columns) + 2) + "---|---|",
         *(row(run, columns, keys, headline) for run in found),
         "",
-        "Final metrics exactly as in each run's summary.json. Settings that differ between "
-        f"the runs (their config.yaml, names, folders and logging aside): {differs}.",
+        f"Final metrics from each run's summary.json, to {DIGITS} significant digits (the "
+        "file has them in full). Settings that differ between the runs (their config.yaml, "
+        f"names, folders and logging aside): {differs}.",
     ]
     if any(run.summary is None and run.last_eval is not None for run in found):
         lines += [

@@ -95,7 +95,7 @@ def test_make_report_of_a_sweep_seed_a_resumed_run_and_a_2_process_run(root):
     for name in names:
         for key, value in summary(root, name).items():
             if key not in report.OWN_COLUMNS:
-                assert rows[name][key] == json.dumps(value), (name, key)
+                assert rows[name][key] == report.value_text(value), (name, key)
         env = json.loads((helpers.run_dir(root, name) / "env.json").read_text())
         assert rows[name]["git"].startswith(env["git_sha"][:12])
         assert rows[name]["status"] == "finished"
@@ -142,7 +142,7 @@ def test_a_stopped_run_without_evaluation_is_reported_as_far_as_it_went(root, ca
     rows = table(md.read_text())
     assert rows["stopped"]["status"] == "no summary.json yet, at step 8 (running or stopped)"
     assert rows["stopped"]["top1"] == "–" and rows["stopped"]["world size"] == "1"
-    assert rows["sw-seed2"]["top1"] == json.dumps(summary(root, "sw-seed2")["top1"])
+    assert rows["sw-seed2"]["top1"] == report.number(summary(root, "sw-seed2")["top1"])
     assert rows["stopped"]["differs"] == "optim.lr=0.2 seed=0"
 
 
@@ -158,9 +158,9 @@ def test_a_stopped_run_shows_its_last_evaluation_marked_unfinished(root, capsys)
         md = Path(out.split()[1]).read_text()
         rows = table(md)
         stopped = rows["stopped-late"]
-        assert stopped["top1"] == f"{json.dumps(last['top1'])} (at step 22, unfinished)"
-        assert stopped["top5"] == json.dumps(last["top5"])
-        assert stopped["eval_loss"] == json.dumps(last["loss"])
+        assert stopped["top1"] == f"{report.number(last['top1'])} (at step 22, unfinished)"
+        assert stopped["top5"] == report.number(last["top5"])
+        assert stopped["eval_loss"] == report.number(last["loss"])
         assert stopped["status"] == (
             "no summary.json yet, at step 23 (running or stopped); "
             "metrics of its last evaluation, at step 22"

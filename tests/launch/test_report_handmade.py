@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch import charts, cli
+from launch import charts, cli, report
 
 
 def make_run(
@@ -85,3 +85,36 @@ def test_a_run_with_no_record_at_all_still_says_no_records_yet(tmp_path, capsys,
     assert code == 0, err
     assert empty_texts["learning rate"] == empty_texts["loss"] == "no records yet"
     assert "no training records" not in Path(out.split()[1]).read_text()
+
+
+# ---------------------------------------------------------------- the table's cells
+
+
+def test_floats_show_4_significant_digits_ints_stay_ints_and_init_is_short(tmp_path, capsys):
+    init = {
+        "file": str(tmp_path / "base" / "step-00000024.pt"),
+        "name": "step-00000024.pt",
+        "sha256": "ab" * 32,
+        "format": "checkpoint",
+        "loaded": 6,
+        "reinitialised": ["fc.weight", "fc.bias"],
+        "unused": [],
+    }
+    summary = SUMMARY | {"perplexity": 12345.678, "steps": 24, "init": init}
+    run = make_run(tmp_path, "tuned", [EVAL | {"step": 24}], summary)
+    code, out, err = run_report(run, capsys=capsys)
+    assert code == 0, err
+    md = Path(out.split()[1]).read_text()
+    row = table(md)["tuned"]
+    assert (row["top1"], row["eval_loss"], row["top5"]) == ("0.1003", "2.304", "0.5209")
+    assert (row["perplexity"], row["steps"], row["epochs"]) == ("12346", "24", "0")
+    assert row["init"] == "step-00000024.pt: 6 loaded, 2 re-initialised, 0 unused"
+    assert "sha256" not in md and "fc.weight" not in md
+    assert "to 4 significant digits" in md
+
+
+def test_number_formats():
+    cases = {0.10027855153203342: "0.1003", 2.0: "2", 1.5e-06: "1.5e-06", 9999.7: "10000",
+             -0.000123456: "-0.0001235", 7: "7", True: "true", float("nan"): "NaN"}  # fmt: skip
+    for value, text in cases.items():
+        assert report.number(value) == text, value
