@@ -151,10 +151,28 @@ def parse_argv(argv: list[str]) -> Request:
     check = _counts("--check", _take_option(args, "--check"))
     config = _take_option(args, "--config") or ""
     named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
+    if evaluate and not config:  # a run's checkpoint is scored with that run's request
+        config = _run_config(evaluate, args[0] if named else "")
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
     request = Request(recipe, config, args, spawn, check, data_here, print_config, wants_help)
     request.evaluate, request.ema, request.out = evaluate, ema, out
     return request
+
+
+def _run_config(weights: str, recipe: str) -> str:
+    """The saved config of the run whose checkpoint --eval scores ("" for weights outside a
+    run): its recipe, variant and overrides rebuild the model it trained. A checkpoint of
+    another recipe than the one named is refused in one line."""
+    saved = rundir.run_config_of(Path(weights))
+    if saved is None:
+        return ""
+    recorded = catalog.file_recipe(str(saved))
+    if recipe and recorded and recipe != recorded:
+        raise C.ConfigError(
+            f"--eval {weights} is a checkpoint of recipe {recorded!r} (its run's {saved}), "
+            f"not of {recipe!r}; evaluate it with RECIPE={recorded}, or leave the recipe out"
+        )
+    return str(saved)
 
 
 def _recipe_of(config: str, wants_help: bool) -> str:
@@ -194,8 +212,9 @@ def load(request: Request) -> tuple[C.Config, Recipe]:
     """The config the request runs with: W&B's variables go before the command line's
     overrides, which win. A saved config names the run it came from: rerunning it starts a
     new run rather than resume or replace that one (said once), unless run.name is given."""
-    saved_name = saved_run_name(request)
-    leading = [*(["run.name="] if saved_name else []), *wandb_env_overrides(os.environ)]
+    saved_name = "" if request.evaluate else saved_run_name(request)
+    unnamed = saved_name or request.evaluate  # scoring claims no run directory
+    leading = [*(["run.name="] if unnamed else []), *wandb_env_overrides(os.environ)]
     loaded = catalog.load_config(request.recipe, [*leading, *request.overrides], request.config)
     if loaded[0].model.weights:  # the named weights' preprocessing, before anything reads it
         finetune.follow_weights(loaded[0])

@@ -8,6 +8,7 @@ across nodes on NFSv4 and Lustre mounted with flock support."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -38,6 +39,17 @@ def decide_run_name(given: str, recipe: str, variant: str = "") -> str:
         return given
     what = f"{recipe}-{variant}" if variant else recipe
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-{secrets.token_hex(2)}"
+
+
+def run_config_of(weights: Path) -> Path | None:
+    """The saved config.yaml of the run a path belongs to: the run directory itself, its
+    checkpoints/ or best/ folder, or a checkpoint inside them; None for weights outside a run
+    (an export, a downloaded file)."""
+    for folder in [weights, *list(weights.parents)[:3]]:
+        saved = folder / "config.yaml"
+        if saved.is_file() and (folder / "checkpoints").is_dir():
+            return saved
+    return None
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -76,9 +88,18 @@ def _describe(holder_text: str) -> str:
 
 
 def acquire(run_dir: Path) -> int:
-    """Create the run directory and lock it; returns the descriptor to keep open."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    """Create the run directory and lock it; returns the descriptor to keep open (and give
+    to release). Taken again by the process that holds it, it is the same descriptor: the
+    engine locks before it says anything about the run, and set-up claims it after."""
+    held = _held_here(run_dir)
+    if held is not None:
+        return held
+    created = make_run_dir(run_dir)
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        remove_created(created)
+        raise cannot_create(run_dir, err) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -90,7 +111,85 @@ def acquire(run_dir: Path) -> int:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder_description()).encode(), 0)
+    _HELD[fd] = (os.path.abspath(run_dir), created)
     return fd
+
+
+def release(fd: int) -> None:
+    """Let go of the run directory. One this process created that still holds nothing but
+    its lock (a launch refused before it wrote anything) is removed, with the folders above
+    it that were made for it."""
+    run_dir, created = _HELD.pop(fd, ("", []))
+    try:
+        if created and [p.name for p in Path(run_dir).iterdir()] == [LOCK_NAME]:
+            (Path(run_dir) / LOCK_NAME).unlink()
+            remove_created(created)
+    except OSError:
+        pass  # gone or unreadable: nothing to tidy
+    finally:
+        os.close(fd)
+
+
+# The run directories this process holds: {descriptor: (path, folders made for it)}.
+_HELD: dict[int, tuple[str, list[Path]]] = {}
+
+
+def _held_here(run_dir: Path) -> int | None:
+    """This process's descriptor on the run directory's lock, if it holds it (and the
+    descriptor still refers to that file)."""
+    path = os.path.abspath(run_dir)
+    for fd, (held, _) in list(_HELD.items()):
+        if held != path:
+            continue
+        try:
+            mine, there = os.fstat(fd), os.stat(Path(path) / LOCK_NAME)
+        except OSError:
+            mine = there = None
+        if mine and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            return fd
+        del _HELD[fd]  # closed behind rundir's back
+    return None
+
+
+def make_run_dir(run_dir: Path) -> list[Path]:
+    """mkdir -p, returning the folders it made, outermost first; on failure none is left
+    and the error says where a run can go instead."""
+    missing = []
+    for folder in [run_dir, *run_dir.parents]:
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    created: list[Path] = []
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if folder.is_dir():  # made meanwhile by another launch
+                continue
+            remove_created(created)
+            in_the_way = FileExistsError(errno.EEXIST, f"{folder} is a file, not a folder")
+            raise cannot_create(run_dir, in_the_way) from None
+        except OSError as err:
+            remove_created(created)
+            raise cannot_create(run_dir, err) from None
+        created.append(folder)
+    return created
+
+
+def remove_created(created: list[Path]) -> None:
+    """The folders make_run_dir made, innermost first, where still empty."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def cannot_create(run_dir: Path, err: OSError) -> ConfigError:
+    reason = err.strerror or str(err)
+    return ConfigError(
+        f"cannot create the run directory {run_dir} ({reason}); set run.root to a writable folder"
+    )
 
 
 def move_aside(run_dir: Path) -> Path:

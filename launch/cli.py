@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.config import description
+from engine.rundir import run_config_of
 from launch import check, compare, render, report, request, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
@@ -63,9 +64,11 @@ COMMANDS = (
 )
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
-# The engine checks their config before they start, except one local process, which makes
-# the same checks itself first (one line, nothing written) and would only wait twice as long.
-TRAINING_TARGETS = RUN_TARGETS
+# The engine checks their config first, dry runs and printed batch scripts included, for
+# every world size the run may take; only one local process that really starts skips it: it
+# makes the same checks itself first (one line, nothing written). `render` alone is the pure
+# renderer, unchecked.
+CHECKED_TARGETS = (*RUN_TARGETS, "sbatch")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -191,6 +194,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
+    if args.command == "eval":
+        args = with_run_config(args, env)
     req = request.resolve(args, env, target=target)
     if args.command == "eval":
         req = dataclasses.replace(req, engine_flags=eval_flags(env))
@@ -198,15 +203,35 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         out = render_target(req, target)
     except ValueError as e:
         raise UserError(str(e)) from None
+    dry = request.is_dry(args, env)
+    starts_alone = target == "local" and render.is_one_process(req) and not dry
+    if target in CHECKED_TARGETS and args.command != "render" and not starts_alone:
+        # A dry run or a batch script may be meant for another machine: its data too.
+        check.engine_check(req, data_here=target == "local" and not dry)
     if isinstance(out, str):
         print(out, end="")
         return 0
-    if args.command == "render" or request.is_dry(args, env):
+    if args.command == "render" or dry:
         print(render.shell_join(out))
         return 0
-    if target in TRAINING_TARGETS and not (target == "local" and render.is_one_process(req)):
-        check.engine_check(req, data_here=target == "local")
     execute(out)
+
+
+def with_run_config(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
+    """make eval CKPT=<a run, or a checkpoint of one>: the run's saved config (its recipe,
+    variant and overrides) unless CONFIG is given, so the model is the one it trained; a
+    RECIPE that is not the run's is refused in one line."""
+    saved = run_config_of(Path(env["CKPT"])) if env.get("CKPT") else None
+    if saved is None or args.config or env.get("CONFIG"):
+        return args
+    recorded = request.config_file_recipe(str(saved))
+    picked = request.pick(args.recipe, "--recipe", env, "RECIPE")
+    if picked and recorded and picked[1] != recorded:
+        raise UserError(
+            f"CKPT={env['CKPT']} is a checkpoint of recipe {recorded!r} (its run's {saved}), "
+            f"but {picked[0]}={picked[1]!r}; leave {picked[0]} unset to score it as it trained"
+        )
+    return argparse.Namespace(**{**vars(args), "config": str(saved)})
 
 
 def eval_flags(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -229,6 +254,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     req = request.resolve(args, env, target="submit")
     slurm = check.slurm_support()
     if request.is_dry(args, env):
+        check.engine_check(req)
         print(slurm.dry_run([req], slurm.job_folder(req), req.run_name), end="")
         return 0
     slurm.require_sbatch()
@@ -237,8 +263,9 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def cmd_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """The resolved config of a request, as the run would save it (a file CONFIG= reruns)."""
-    req = request.resolve(args, env, target="local")
+    """The resolved config of a request, as the run would save it (a file CONFIG= reruns);
+    like --print-config, it names no run unless run.name is given."""
+    req = dataclasses.replace(request.resolve(args, env, target="local"), run_name="")
     argv = [req.python, "-m", "engine.train", *render.engine_args(req), "--print-config"]
     if request.is_dry(args, env):
         print(render.shell_join(argv))

@@ -470,8 +470,11 @@ def to_run(plan: Plan, attempts: Mapping[str, Mapping]) -> tuple[list[Planned], 
 
 
 def dry_run(plan: Plan) -> int:
-    """What a launch would run now: a rerun's dry run leaves out what is finished or queued."""
+    """What a launch would run now, checked as a launch checks it: a rerun's dry run leaves
+    out what is finished or queued."""
     todo, _ = to_run(plan, load_manifest(plan).get("attempts") or {})
+    if todo:
+        check_cells(plan, todo, data_here=False)
     if not todo:
         print(f"# sweep {plan.name}: every member is finished or queued; nothing to run")
     elif plan.slurm:  # the one job array submitit would submit
@@ -484,13 +487,13 @@ def dry_run(plan: Plan) -> int:
     return 0
 
 
-def check_cells(plan: Plan, todo: list[Planned]) -> None:
+def check_cells(plan: Plan, todo: list[Planned], data_here: bool = True) -> None:
     """The engine's check of enough members that every value of every axis is checked once
     (a value the engine refuses is one line before anything runs)."""
     seen: set[tuple[str, str]] = set()
     for planned in todo:
         if not set(planned.cell.settings) <= seen or not seen:
-            check.engine_check(planned.req, data_here=not plan.slurm)
+            check.engine_check(planned.req, data_here=data_here and not plan.slurm)
             seen |= set(planned.cell.settings)
 
 
