@@ -7,7 +7,6 @@ used, and every decision taken at set-up (strategy, precision, layout) is a fiel
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from torch import nn
 
 from engine import config as C
 from engine import distributed as D
+from engine import rundir
 from engine.data.mix import BatchMix
 from engine.data.prefetch import Finished
 from engine.data.sampler import GlobalBatchSampler
@@ -92,7 +92,7 @@ class Run:
         if hasattr(self.loader, "close"):
             self.loader.close()
         if self.lock_fd is not None:
-            os.close(self.lock_fd)
+            rundir.release(self.lock_fd)
             self.lock_fd = None
 
     def autocast(self):

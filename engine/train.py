@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import runpy
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -288,10 +289,13 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)
     D.init(denv, cfg.dist, device)
-    run = None
+    run, lock = None, None
     try:
         name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
         cfg.run.name = name
+        lock, done = lock_run_dir(cfg, denv)
+        if done is not None:
+            return 0
         run = setup(cfg, recipe, denv, device)
         reason = fit_or_explain(run)
         flush_bad_count(run)
@@ -301,9 +305,46 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
         return preempt.EXIT_PREEMPTED if reason == "preempted" else 0
     finally:
         if run is not None:
-            run.close()
+            run.close()  # the lock with it
+        elif lock is not None:
+            rundir.release(lock)  # a run directory made for a refused launch goes too
         run = None  # the wrapped model holds the process group: dropped before it is destroyed
         D.shutdown()
+
+
+def lock_run_dir(cfg: C.Config, denv: D.DistEnv) -> tuple[int | None, int | None]:
+    """(rank 0's lock on the run directory, the step the run there finished at or None).
+    Taken before anything is said about the run (resuming it, or that it is done), so a
+    second launch on a live run is refused first; set-up claims the same lock again."""
+    run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
+    lock = D.on_main(lambda: rundir.acquire(run_dir))
+    done = D.broadcast_object(finished_at(cfg, run_dir) if denv.is_main else None)
+    if done is not None and denv.is_main:
+        log(
+            f"run {run_dir} already finished at step {done}; nothing to do (start another "
+            "with a new run.name)"
+        )
+    return lock, done
+
+
+def finished_at(cfg: C.Config, run_dir: Path) -> int | None:
+    """The step a run in run_dir finished at, when resume=auto would only repeat it: its
+    summary.json (written once all its steps are done) is of its newest checkpoint, and the
+    config asks for no more steps or epochs than it trained. None: there is training to do."""
+    summary_file = run_dir / "summary.json"
+    if cfg.resume != "auto" or not summary_file.is_file():
+        return None
+    try:
+        summary = json.loads(summary_file.read_text())
+        steps, epochs = int(summary["steps"]), int(summary["epochs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: resuming decides from the checkpoints
+    newest = ckpt.list_checkpoints(run_dir / "checkpoints")
+    if not newest or ckpt.step_of(newest[0]) != steps:
+        return None  # trained on after the summary (a longer run stopped early)
+    wanted = cfg.train.max_steps
+    done = steps >= wanted if wanted else epochs >= cfg.train.epochs
+    return steps if done else None
 
 
 def fit_or_explain(run: Run) -> str | None:

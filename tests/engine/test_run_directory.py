@@ -1,0 +1,100 @@
+"""Claiming a run directory, in this process (engine.train.train, as `python -m engine.train`
+runs it): a root that cannot be written is one line and leaves nothing; a run that finished
+is not trained again; a live run's lock is refused before anything says "resuming"."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+import pytest
+import torch
+
+from engine import cli, preempt, rundir, train
+from engine.catalog import load_config
+from engine.config import ConfigError
+
+QUIET = ["log.wandb=off", "log.progress=off", "device=cpu"]
+
+
+@pytest.fixture(autouse=True)
+def backend_flags():
+    """train() sets global flags (TF32, cuDNN, deterministic algorithms): restored after."""
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
+    torch.backends.cudnn.deterministic = saved[3]
+    torch.use_deterministic_algorithms(saved[4])
+
+
+def train_run(root, name: str, *overrides: str) -> int:
+    cfg, recipe = load_config(
+        "digits", [*QUIET, f"run.root={root}", f"run.name={name}", *overrides]
+    )
+    return train.train(cfg, recipe)
+
+
+def test_a_root_that_cannot_be_written_is_one_line_with_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(preempt, "install_handlers", lambda: None)  # pytest keeps its own
+    rc = cli.main(["digits", *QUIET, "run.root=/proc/runs", "run.name=r", "train.max_steps=1"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.splitlines() == [
+        "error: cannot create the run directory /proc/runs/digits/r (No such file or "
+        "directory); set run.root to a writable folder"
+    ]
+
+
+def test_a_run_directory_that_cannot_be_made_leaves_no_folder_behind(tmp_path):
+    root = tmp_path / "new" / "runs"
+    with pytest.raises(ConfigError, match=r"cannot create the run directory .*File name too long"):
+        train_run(root, "x" * 300, "train.max_steps=1")  # made root/digits, then failed
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_launch_leaves_no_run_directory_behind(tmp_path):
+    with pytest.raises(ConfigError):
+        train_run(tmp_path, "mistake", "train.batch_size=100000")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path, capsys):
+    assert train_run(tmp_path, "done", "train.max_steps=1") == 0
+    folder = tmp_path / "digits" / "done"
+    before = {f: (folder / f).read_bytes() for f in ("summary.json", "metrics.jsonl")}
+    capsys.readouterr()
+    assert train_run(tmp_path, "done", "train.max_steps=1") == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"run {folder} already finished at step 1; nothing to do (start another with a new "
+        "run.name)"
+    ]
+    assert {f: (folder / f).read_bytes() for f in before} == before
+    # more steps asked for: the run goes on from its checkpoint
+    assert train_run(tmp_path, "done", "train.max_steps=2") == 0
+    assert "resuming from" in capsys.readouterr().err
+    assert json.loads((folder / "summary.json").read_text())["steps"] == 2
+
+
+def test_a_live_run_is_refused_before_anything_says_resuming(tmp_path, capsys):
+    assert train_run(tmp_path, "live", "train.max_steps=2", "train.stop_at_step=1") == 0
+    capsys.readouterr()
+    lock = tmp_path / "digits" / "live" / rundir.LOCK_NAME
+    other = os.open(lock, os.O_RDWR)  # another job's hold: its own open file
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="in use by another job"):
+            train_run(tmp_path, "live", "train.max_steps=2")
+    finally:
+        os.close(other)
+    assert "resuming" not in capsys.readouterr().err
+    assert train_run(tmp_path, "live", "train.max_steps=2") == 0  # once it is free
+    assert "resuming from" in capsys.readouterr().err
