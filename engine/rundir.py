@@ -41,6 +41,17 @@ def decide_run_name(given: str, recipe: str, variant: str = "") -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-{secrets.token_hex(2)}"
 
 
+def run_config_of(weights: Path) -> Path | None:
+    """The saved config.yaml of the run a path belongs to: the run directory itself, its
+    checkpoints/ or best/ folder, or a checkpoint inside them; None for weights outside a run
+    (an export, a downloaded file)."""
+    for folder in [weights, *list(weights.parents)[:3]]:
+        saved = folder / "config.yaml"
+        if saved.is_file() and (folder / "checkpoints").is_dir():
+            return saved
+    return None
+
+
 def holds_a_run(run_dir: Path) -> bool:
     """Metrics or checkpoints from an earlier launch."""
     ckpts = run_dir / "checkpoints"
