@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from engine.config import ConfigError
+
 
 def atomic_save(obj: Any, path: Path, pause_s: float = 0.0) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over the target, so a
@@ -78,6 +80,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_out(path: Path, text: str, variable: str = "OUT") -> None:
+    """A result file at a path the user chose (make eval's OUT), replaced whole or not at all;
+    a path that cannot be written is one line (ConfigError) naming it and the reason, with
+    nothing left behind, never a traceback."""
+    try:
+        atomic_write_text(path, text)
+    except OSError as err:
+        raise ConfigError(unwritable(path, err, variable)) from None
+
+
+def unwritable(path: Path | str, err: OSError, variable: str = "OUT") -> str:
+    """The one line for a path the user chose that cannot be written."""
+    return f"cannot write {path} ({err.strerror or err}); choose another {variable}"
 
 
 def _umask() -> int:

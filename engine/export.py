@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from engine import checkpoint as ckpt
+from engine.atomic import unwritable
 from engine.checkpoint import best as best_checkpoints
 from engine.checkpoint import weights as checkpoint_weights
 from engine.config import ConfigError
@@ -57,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:
-        print(f"error: could not write {args.out}: {err.strerror or err}", file=sys.stderr)
+    except OSError as err:  # reading a checkpoint (a write's error is an ExportError)
+        where = err.filename or args.checkpoints[0]
+        print(f"error: cannot read {where} ({err.strerror or err})", file=sys.stderr)
         return 2
     values = sum(t.numel() for t in tensors.values())
     what = "EMA weights" if args.ema else "weights"
@@ -122,7 +124,23 @@ def check_out(out: Path, force: bool) -> Path:
         raise ExportError(f"{out} is a directory; name the file to write")
     if out.exists() and not force:
         raise ExportError(f"{out} exists; pass --force (make export ... FORCE=1) to replace it")
+    check_writable(out)
     return out
+
+
+def check_writable(out: Path) -> None:
+    """OUT's folder takes a file, tried before any checkpoint is read: a file is created in
+    it (or in its nearest existing parent, where the missing folders will be made) and
+    removed, so nothing is left behind."""
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ExportError(unwritable(out, err)) from None
 
 
 def choose(paths: list[Path], best: bool, average: bool) -> list[Path]:
@@ -297,9 +315,12 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 def write(tensors: dict[str, torch.Tensor], out: Path, info: dict[str, Any]) -> None:
     """Write under a temporary name in OUT's folder, then rename: complete or absent."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as err:
+        raise ExportError(unwritable(out, err)) from None
     try:
         if out.suffix == ".safetensors":
             metadata = {key: str(value) for key, value in info.items()}
@@ -309,6 +330,9 @@ def write(tensors: dict[str, torch.Tensor], out: Path, info: dict[str, Any]) -> 
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)
+    except OSError as err:  # a full disk, a quota
+        Path(tmp).unlink(missing_ok=True)
+        raise ExportError(unwritable(out, err)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

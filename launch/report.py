@@ -11,6 +11,7 @@ its run name and the settings in which it differs from the others.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import json
@@ -306,6 +307,9 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
             chart = None
         md.write_text(markdown(found, chart, headline.key))
     except OSError as err:
+        for path in (png, md):  # half a report is not left behind
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         raise UserError(
             f"cannot write the report in {parent} ({err.strerror}); make it writable", code=1
         ) from None

@@ -142,7 +142,7 @@ def test_user_mistakes_are_one_line_exit_2_and_leave_no_file(run, tmp_path, caps
         ([str(empty_run), "o.pt"], "is not a checkpoint"),
         ([str(run["file"]), "o.onnx"], "unknown format .onnx"),
         ([str(run["file"]), str(existing)], "exists; pass --force (make export ... FORCE=1)"),
-        ([str(run["file"]), str(blocked / "o.pt")], "could not write"),
+        ([str(run["file"]), str(blocked / "o.pt")], "(Not a directory); choose another OUT"),
         ([sharded_no_ema, "o.pt", "--ema"], "holds no EMA of the weights"),
     ]
     for args, message in cases:

@@ -2,7 +2,9 @@
 metrics.jsonl, summary.json, as the engine leaves them): no training here, so these run in
 make test-fast; tests/launch/test_report.py reads real runs."""
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,25 @@ def test_number_formats():
              -0.000123456: "-0.0001235", 7: "7", True: "true", float("nan"): "NaN"}  # fmt: skip
     for value, text in cases.items():
         assert report.number(value) == text, value
+
+
+# ---------------------------------------------------------------- a report that cannot be written
+
+
+def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_half(
+    tmp_path, capsys, monkeypatch
+):
+    """The chart written, the table not (a full disk): one line, exit 1, no chart left."""
+    run = make_run(tmp_path, "short", [EVAL], SUMMARY)
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    code, out, err = run_report(run, capsys=capsys)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"launch: cannot write the report in {tmp_path / 'digits'} (No space left on device); "
+        "make it writable\n"
+    )
+    assert sorted(os.listdir(tmp_path / "digits")) == ["short"]
