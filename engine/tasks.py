@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from engine.config import ConfigError
+
 IGNORE = -100  # targets at this value count for nothing (cross_entropy's ignore_index)
 
 
@@ -53,14 +55,49 @@ class Task(Protocol):
         """An evaluation result in one line for the log."""
         ...
 
+    # Optional, read by check_supported (a task without them supports none of the features):
+    # name: str  (what messages call the task, e.g. "regression"; else its class name)
+    # supports: frozenset[str]  (of FEATURES: what the task's loss and targets can take)
+
+
+# What a task may support, beyond training on its loss: MixUp/CutMix (soft targets over
+# classes: mix.*) and label smoothing (train.label_smoothing).
+FEATURES = ("mix", "label_smoothing")
+
+
+def task_name(task: Any) -> str:
+    return getattr(task, "name", "") or type(task).__name__.lower()
+
+
+def check_supported(task: Any, train: Any, mix: Any) -> None:
+    """Refuse, in one line naming the task and the key, a train or mix setting the task's
+    loss cannot honour (it would otherwise be ignored, or fail with another task's words)."""
+    supports = getattr(task, "supports", frozenset())
+    name = task_name(task)
+    if train.label_smoothing > 0 and "label_smoothing" not in supports:
+        raise ConfigError(
+            f"train.label_smoothing={train.label_smoothing:g}: the {name} task has no classes "
+            "to smooth; leave it 0"
+        )
+    if "mix" not in supports:
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            value = getattr(mix, key)
+            if value > 0:
+                raise ConfigError(
+                    f"mix.{key}={value:g}: the {name} task has no class labels to mix "
+                    "(MixUp and CutMix mix classification targets); leave it 0"
+                )
+
 
 class Classification:
     """Cross entropy over class logits [B, C]; top-1 accuracy, and top-5 where there are more
     than 5 classes (with 5 or fewer it is always 100%)."""
 
+    name = "classification"
     headline = "top1"
     higher_is_better = True
     unit = "samples"
+    supports = frozenset({"mix", "label_smoothing"})
     TOP_K = 5
 
     def __init__(self, num_classes: int = 0):
@@ -109,10 +146,12 @@ class NextToken:
     """Next-token prediction: logits [B, T, V] against targets [B, T]; the loss is per token,
     targets equal to IGNORE count for nothing. Reports perplexity and bits per token."""
 
+    name = "next-token"
     metrics = ("loss",)
     headline = "loss"
     higher_is_better = False
     unit = "tokens"
+    supports = frozenset({"label_smoothing"})  # over the vocabulary; no sample mixing
 
     def for_model(self, model_config: Any) -> NextToken:
         return self

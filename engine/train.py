@@ -30,6 +30,7 @@ from engine.results import summary_name, task_facts
 from engine.run import Run
 from engine.seeding import set_deterministic
 from engine.setup import setup
+from engine.tasks import check_supported
 from engine.tracking import Progress, log
 
 PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset")
@@ -293,6 +294,7 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
     try:
         name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
         cfg.run.name = name
+        check_supported(recipe.task, cfg.train, cfg.mix)
         lock, done = lock_run_dir(cfg, denv)
         if done is not None:
             return 0

@@ -3,12 +3,16 @@ gives the same number however a batch is split."""
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tasks import IGNORE, Classification, NextToken
+from engine.catalog import load_config
+from engine.config import ConfigError, MixConfig, TrainConfig
+from engine.tasks import IGNORE, Classification, NextToken, check_supported
+from engine.train import train
 
 
 def split_mean(task, output, target, parts: int) -> torch.Tensor:
@@ -58,3 +62,37 @@ def test_classification_counts_samples_and_reports_top_k():
     assert torch.allclose(split_mean(task, logits, target, 2), F.cross_entropy(logits, target))
     soft = F.one_hot(target, 3).float()  # mixup/cutmix targets are probabilities
     assert torch.allclose(task.train_loss(logits, soft, 0.0), task.train_loss(logits, target, 0.0))
+
+
+# ---------------------------------------------------------------- what a task supports
+
+
+class Regression:
+    """A recipe's own task, declaring nothing beyond its loss (a mean squared error)."""
+
+
+def test_a_task_refuses_a_feature_it_does_not_declare_in_one_line_naming_it():
+    smoothing = TrainConfig(label_smoothing=0.1)
+    with pytest.raises(ConfigError) as refused:
+        check_supported(Regression(), smoothing, MixConfig())
+    assert str(refused.value) == (
+        "train.label_smoothing=0.1: the regression task has no classes to smooth; leave it 0"
+    )
+    with pytest.raises(ConfigError, match=r"^mix\.mixup_alpha=0\.2: the regression task "):
+        check_supported(Regression(), TrainConfig(), MixConfig(mixup_alpha=0.2))
+    with pytest.raises(ConfigError, match=r"^mix\.cutmix_alpha=1: the next-token task "):
+        check_supported(NextToken(), TrainConfig(), MixConfig(cutmix_alpha=1.0))
+    check_supported(NextToken(), smoothing, MixConfig())  # smoothing over the vocabulary
+    check_supported(Classification(), smoothing, MixConfig(mixup_alpha=0.2, cutmix_alpha=1.0))
+    check_supported(Regression(), TrainConfig(), MixConfig())  # nothing asked: nothing refused
+
+
+def test_a_run_asking_its_task_for_an_unsupported_feature_stops_before_its_run_directory(
+    tmp_path,
+):
+    cfg, recipe = load_config(
+        "gpt", ["device=cpu", "log.wandb=off", f"run.root={tmp_path}", "mix.mixup_alpha=0.2"]
+    )
+    with pytest.raises(ConfigError, match=r"^mix\.mixup_alpha=0\.2: the next-token task"):
+        train(cfg, recipe)
+    assert list(tmp_path.iterdir()) == []
