@@ -1,0 +1,111 @@
+"""What a cluster user asks is what runs: the saved config holds the request (not this
+machine), slurm.* in ARGS reaches the scheduler, every target checks first, and a run's
+checkpoint is scored with that run's request."""
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from engine import cli as engine_cli
+from launch import cli, request
+from launch.request import SLURM_FLAGS
+from tests.helpers import REPO, engine_env, launch
+
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # a login node
+
+
+def test_make_config_is_print_config_device_auto_and_no_run_name():
+    made = launch("config", RECIPE="imagenet", **NO_GPU, timeout=120)
+    printed = subprocess.run(
+        [sys.executable, "-m", "engine.train", "imagenet", "--print-config"],
+        cwd=REPO, env=engine_env(**NO_GPU), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0 and printed.returncode == 0, made.stderr + printed.stderr
+    assert made.stdout == printed.stdout
+    assert "device: auto" in made.stdout and "  name: ''" in made.stdout
+
+
+# Each SLURM key: (the config file's value, the variable's, ARGS's); ints or text.
+VALUES = {
+    name: ("7", "8", "9") if name in request.SLURM_INTS else ("file", "var", "args")
+    for name in SLURM_FLAGS
+}
+
+
+@pytest.mark.parametrize("key", sorted(SLURM_FLAGS))
+def test_slurm_precedence_is_args_then_variables_then_config_file_then_recipe(key, tmp_path):
+    in_file, in_variable, in_args = VALUES[key]
+    config = tmp_path / "c.yaml"
+    config.write_text(f"recipe: digits\nslurm:\n  {key}: {in_file}\n")
+    variable = SLURM_FLAGS[key][1]
+
+    def asked(**env):
+        args = cli.parse_args(["sbatch"])
+        req = request.resolve(args, {"GPUS": "0", **env}, target="sbatch")
+        return str(getattr(req.slurm, key))
+
+    recipe = asked()
+    assert asked(CONFIG=str(config)) == in_file != recipe
+    assert asked(CONFIG=str(config), **{variable: in_variable}) == in_variable
+    both = {variable: in_variable, "ARGS": f"slurm.{key}={in_args}"}
+    assert asked(CONFIG=str(config), **both) == in_args
+
+
+def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config():
+    done = launch(
+        "sbatch", RECIPE="imagenet", GPUS="8", timeout=120,
+        ARGS="slurm.time_min=30 slurm.partition=p slurm.constraint=a100",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    script = done.stdout
+    for directive in ("--time=30", "--partition=p", "--constraint=a100"):
+        assert f"#SBATCH {directive}\n" in script
+    (srun,) = [line for line in script.splitlines() if "engine.train" in line]
+    argv = shlex.split(srun)
+    cfg = engine_cli.load(engine_cli.parse_argv(argv[argv.index("engine.train") + 1 :]))[0]
+    assert (cfg.slurm.time_min, cfg.slurm.partition, cfg.slurm.constraint) == (30, "p", "a100")
+    assert cfg.slurm.gpus_per_node == 8
+
+
+@pytest.mark.parametrize(
+    "command, env, said",
+    [
+        (["submit"], {"ARGS": "train.epohcs=3"}, "unknown config key 'train.epohcs'"),
+        (["sbatch"], {"RECIPE": "imagenet", "GPUS": "3"}, "does not divide over 3 processes"),
+        (["sweep", "--slurm"], {"ARGS": "model.width=8,abc", "SEEDS": "1"}, "model.width"),
+        (["train"], {"GPUS": "0", "ARGS": "train.epohcs=3"}, "unknown config key"),
+    ],
+    ids=["submit dry run", "sbatch", "slurm sweep dry run", "local dry run"],
+)
+def test_every_target_checks_first_dry_runs_included(command, env, said):
+    done = launch(*command, DRY_RUN="1" if command[0] != "sbatch" else "", **env, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert said in line and line.endswith("nothing was started)"), line
+
+
+@pytest.fixture
+def imagenet_run(tmp_path):
+    """A run directory as an imagenet run leaves it, as far as a look at it goes."""
+    run = tmp_path / "runs" / "imagenet" / "ft1"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("recipe: imagenet\nrun:\n  name: ft1\n")
+    return run
+
+
+def test_eval_of_another_recipe_s_checkpoint_names_its_recipe(imagenet_run, capsys):
+    code = cli.main(["eval"], {"RECIPE": "digits", "CKPT": str(imagenet_run), "DRY_RUN": "1"})
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "is a checkpoint of recipe 'imagenet'" in line, line
+    code = engine_cli.main(["digits", "--eval", str(imagenet_run / "checkpoints")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "is a checkpoint of recipe 'imagenet'" in line, line
+
+
+def test_eval_of_a_run_renders_its_saved_config(imagenet_run, capsys):
+    code = cli.main(["eval"], {"CKPT": str(imagenet_run), "DRY_RUN": "1", "GPUS": "0"})
+    argv = shlex.split(capsys.readouterr().out)
+    assert code == 0 and argv[argv.index("engine.train") + 1] == "imagenet"
+    assert argv[argv.index("--config") + 1] == str(imagenet_run / "config.yaml")
