@@ -23,7 +23,8 @@ def run_eval(run: Run, progress: Progress) -> dict:
         result |= {f"ema_{k}": averaged[k] for k in metric_names(averaged)}
     record = {"kind": "eval", "step": run.state.step, "epoch": run.state.epoch} | result
     run.tracker.write(record)
-    text = f"eval epoch {record['epoch']} step {record['step']}: {run.task.describe(result)}"
+    epoch = run.state.epoch_number()  # from 1, as the step lines count
+    text = f"eval epoch {epoch} step {record['step']}: {run.task.describe(result)}"
     if run.ema is not None:
         headline = run.task.headline
         text += f", EMA {headline} {result['ema_' + headline]:.4f}"

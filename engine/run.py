@@ -37,6 +37,11 @@ class State:
     skipped_steps: int = 0  # optimizer steps skipped for non-finite gradients (nan_policy=skip)
     best: list = field(default_factory=list)  # best checkpoints, best first (checkpoint.best)
 
+    def epoch_number(self) -> int:
+        """The epoch in progress, or the one just completed when at its end, counted from 1:
+        what the log says (records and checkpoints keep `epoch`, the epochs completed)."""
+        return self.epoch + 1 if self.position > 0 else max(self.epoch, 1)
+
 
 @dataclass
 class Speed:

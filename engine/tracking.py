@@ -465,8 +465,10 @@ class Progress:
             if record:
                 self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.3g}")
         elif self.style == "plain" and record:
+            # A train record's epoch is the epochs completed before its step: the step's own
+            # epoch, counted from 1 as the evaluation lines count, is one more.
             log(
-                f"step {step}/{self.total} epoch {record['epoch']} loss {record['loss']:.4f} "
+                f"step {step}/{self.total} epoch {record['epoch'] + 1} loss {record['loss']:.4f} "
                 f"lr {record['lr']:.4g} {record['samples_per_s']:.0f} samples/s"
             )
 
