@@ -29,7 +29,7 @@ from torch import nn
 from engine import checkpoint as ckpt
 from engine.checkpoint import weights as checkpoint_weights
 from engine.config import ConfigError
-from engine.optim import check_patterns, matches
+from engine.optim import check_patterns, matches, note
 
 SHOWN = 5  # names listed per kind in the run's message
 TIMM_KEYS = ("state_dict", "model")  # a timm training checkpoint's weights, in this order
@@ -327,9 +327,17 @@ def freeze(model: nn.Module, patterns: list[str]) -> None:
         return
     named = dict(ckpt.unwrap(model).named_parameters())
     check_patterns("optim.freeze", patterns, named)
-    for name, param in named.items():
-        if matches(name, patterns):
-            param.requires_grad_(False)
+    frozen = [name for name in named if matches(name, patterns)]
+    for name in frozen:
+        named[name].requires_grad_(False)
+    note(frozen_line(patterns, len(frozen), len(named)))
+
+
+def frozen_line(patterns: list[str], frozen: int, tensors: int) -> str:
+    """optim.freeze in one line: how many patterns, the tensors they froze, the patterns."""
+    shown = ", ".join(patterns[:SHOWN]) + (", ..." if len(patterns) > SHOWN else "")
+    plural = "s" if len(patterns) > 1 else ""
+    return f"frozen: {len(patterns)} pattern{plural}, {frozen} of {tensors} tensors ({shown})"
 
 
 # ---------------------------------------------------------------- the weights' preprocessing

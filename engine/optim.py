@@ -9,9 +9,13 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from engine.config import ConfigError, OptimConfig, SchedConfig
+from engine.tracking import log
+
+SHOWN = 5  # patterns listed in a start-up line
 
 
 def base_lr(cfg: OptimConfig, batch_size: int) -> float:
@@ -107,13 +111,64 @@ def build_optimizer(
     device: torch.device,
     sharded: bool = False,
 ) -> torch.optim.Optimizer:
-    """sharded: the parameters are FSDP's DTensor shards (Strategy.shards)."""
+    """sharded: the parameters are FSDP's DTensor shards (Strategy.shards). How the rates were
+    set (scaled with the batch, per optim.lr_mult pattern) is said once, at start."""
     lr = base_lr(cfg, batch_size)
     groups = param_groups(model, cfg, lr)
+    for line in (lr_scaling_line(cfg, batch_size), lr_groups_line(model, cfg, lr)):
+        if line:
+            note(line)
     flags = implementation(cfg, device, sharded)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, **flags)
+
+
+def lr_scaling_line(cfg: OptimConfig, batch_size: int) -> str:
+    """optim.lr as scaled by optim.lr_reference_batch; "" when it is not."""
+    if not cfg.lr_reference_batch:
+        return ""
+    return (
+        f"optim.lr {cfg.lr:g} scaled to {base_lr(cfg, batch_size):g} for batch {batch_size} "
+        f"(lr_reference_batch {cfg.lr_reference_batch})"
+    )
+
+
+def lr_groups_line(model: nn.Module, cfg: OptimConfig, lr: float) -> str:
+    """optim.lr_mult's rates: each pattern's, then that of trainable tensors no pattern
+    matches ("" without lr_mult). A tensor takes the first pattern that matches it."""
+    if not cfg.lr_mult:
+        return ""
+    rules = [parse_lr_mult(entry) for entry in cfg.lr_mult]
+    counts = [0] * (len(rules) + 1)  # the last: no pattern
+    scaled = 0
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        first = next(
+            (i for i, (pattern, _) in enumerate(rules) if fnmatch.fnmatchcase(name, pattern)),
+            len(rules),
+        )
+        counts[first] += 1
+        scaled += getattr(p, "lr_scale", 1.0) != 1.0
+    parts = [
+        f"{pattern}={lr * factor:g} ({counts[i]} tensors)"
+        for i, (pattern, factor) in enumerate(rules)
+    ]
+    if counts[-1]:
+        parts.append(f"others={lr:g} ({counts[-1]} tensors)")
+    own = f"; {scaled} tensors also scale it by their lr_scale" if scaled else ""
+    return f"lr groups: {', '.join(parts)}{own}"
+
+
+def rank_zero() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def note(line: str) -> None:
+    """A start-up note, said by rank 0 alone."""
+    if rank_zero():
+        log(line)
 
 
 def in_steps(cfg: SchedConfig, steps_per_epoch: int) -> SchedConfig:

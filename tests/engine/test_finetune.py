@@ -14,10 +14,10 @@ import torchvision
 from safetensors.torch import save_file
 from torch import nn
 
-from engine import catalog, finetune
+from engine import catalog, finetune, optim
 from engine import checkpoint as ckpt
 from engine.config import ConfigError, OptimConfig, WeightsInit
-from engine.optim import lr_factors, param_groups
+from engine.optim import build_optimizer, lr_factors, param_groups
 
 
 def small(classes: int = 10) -> nn.Module:
@@ -163,6 +163,31 @@ def test_freeze_and_lr_mult_shape_the_optimizer():
         n: by_param[id(p)]["weight_decay"] for n, p in model.named_parameters() if p.requires_grad
     }
     assert decay == {"1.weight": 0.0, "1.bias": 0.0, "3.weight": 0.01, "3.bias": 0.0}
+
+
+def test_freezing_rates_and_batch_scaling_are_each_said_in_one_line_at_start(capsys):
+    model = small(10)
+    finetune.freeze(model, ["0.*"])
+    cfg = OptimConfig(lr=0.1, lr_reference_batch=256, lr_mult=["3.*=1", "*=0.1"])
+    build_optimizer(model, cfg, 512, torch.device("cpu"))
+    assert capsys.readouterr().err.splitlines() == [
+        "frozen: 1 pattern, 2 of 6 tensors (0.*)",
+        "optim.lr 0.1 scaled to 0.2 for batch 512 (lr_reference_batch 256)",
+        "lr groups: 3.*=0.2 (2 tensors), *=0.02 (2 tensors)",
+    ]
+    # tensors no pattern matches keep optim.lr; nothing to say without lr_mult or the scaling
+    build_optimizer(small(), OptimConfig(lr=0.1, lr_mult=["3.*=2"]), 512, torch.device("cpu"))
+    build_optimizer(small(), OptimConfig(lr=0.1), 512, torch.device("cpu"))
+    assert capsys.readouterr().err.splitlines() == [
+        "lr groups: 3.*=0.2 (2 tensors), others=0.1 (4 tensors)"
+    ]
+
+
+def test_start_up_notes_are_said_by_rank_0_alone(monkeypatch, capsys):
+    monkeypatch.setattr(optim.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(optim.dist, "get_rank", lambda: 1)
+    finetune.freeze(small(), ["0.*"])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("entry", ["3.*", "=0.5", "3.*=-1", "3.*=fast", "3.*=nan"])
