@@ -23,41 +23,6 @@ from engine.run import Run, State
 from engine.seeding import derive_seed, rng_state, seed_process, set_rng_state
 from engine.tracking import log, redact
 
-# A resumed run may change these and stay the same run: how it is logged, evaluated,
-# checkpointed, loaded and spread over processes, and how long it goes on. Anything else
-# (seed, batch, optimizer, schedule, model, data, augmentation) would change what it trains.
-SAFE_TO_CHANGE = (
-    "run.",
-    "log.",
-    "ckpt.",
-    "eval.",
-    "slurm.",
-    "fault.",
-    "dist.",
-    "loader.num_workers",
-    "loader.pin_memory",
-    "loader.persistent_workers",
-    "loader.prefetch_factor",
-    "loader.decode_ahead",
-    "train.epochs",
-    "train.max_steps",
-    "train.stop_at_step",
-    "train.micro_batch_size",
-    "train.compile",
-    "train.channels_last",
-    "train.activation_checkpointing",
-    "train.tf32",
-    "train.cudnn_benchmark",
-    "optim.implementation",
-    "train.nan_policy",
-    "data.root",
-    "device",
-    "resume",
-    "deterministic",
-    "variant",
-)
-GUARDED = ("dist.sync_bn",)  # batch statistics over all ranks: another computation
-
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
@@ -76,14 +41,13 @@ def config_changes(
     the recipe's own keys that keep it (Recipe.resume_safe). A key on one side only is a
     field added or removed by a code update, at its default: not a change."""
     old, new = flatten(saved), flatten(current)
-    safe_keys = SAFE_TO_CHANGE + also_safe
+    safe_keys = C.resume_safe_keys() + also_safe  # declared beside each config field
     refused, allowed = [], []
     for key in sorted(old.keys() & new.keys()):
         if old[key] == new[key]:
             continue
         text = f"{key} {old[key]} -> {new[key]}"
-        safe = key.startswith(safe_keys) and not key.startswith(GUARDED)
-        (allowed if safe else refused).append(text)
+        (allowed if key.startswith(safe_keys) else refused).append(text)
     return refused, allowed
 
 
