@@ -35,7 +35,8 @@ train: $(STAMP)
 
 # Evaluate only: score a checkpoint, run directory, export or weights file on the recipe's
 # held-out split (PROCS/GPUS processes); the result is JSON beside it (<name>.eval.json).
-#   make eval RECIPE=digits CKPT=runs/digits/NAME [EMA=1] [OUT=result.json]
+# A run (or a checkpoint in one) is scored with the run's saved config: no RECIPE needed.
+#   make eval CKPT=runs/digits/NAME [EMA=1] [OUT=result.json]
 eval: $(STAMP)
 	@$(PY) -m launch eval
 
