@@ -62,7 +62,9 @@ options:
                       as JSON beside it (<name>.eval.json); no training, no run directory
   --ema               with --eval: the checkpoint's averaged weights (EMA)
   --out FILE          with --eval: write the result here instead
-  -h, --help          this help; after RECIPE, also the recipe's model and data keys
+  -h, --help          this help; after RECIPE, the recipe's values and its model and data
+                      keys
+  --help-all          also the sections for tests (fault.*)
   key=value           a config key below, e.g. optim.lr=0.2 train.epochs=5
 
 Layers, each over the one before: engine defaults < recipes/RECIPE/config.yaml < the variant
@@ -86,6 +88,7 @@ class Request:
     data_here: bool = False  # --check: missing data is an error, not "on another machine"
     print_config: bool = False
     help: bool = False
+    help_all: bool = False  # --help-all: test-only sections too
     evaluate: str = ""  # --eval PATH: score these weights, train nothing
     ema: bool = False  # --eval --ema
     out: str = ""  # --eval --out FILE
@@ -139,7 +142,8 @@ def _counts(flag: str, text: str | None) -> tuple[int, ...]:
 
 def parse_argv(argv: list[str]) -> Request:
     args = list(argv)
-    wants_help = _take_flag(args, "--help", "-h")
+    help_all = _take_flag(args, "--help-all")
+    wants_help = _take_flag(args, "--help", "-h") or help_all
     print_config = _take_flag(args, "--print-config")
     data_here = _take_flag(args, "--data-here")
     ema = _take_flag(args, "--ema")
@@ -155,6 +159,7 @@ def parse_argv(argv: list[str]) -> Request:
         config = _run_config(evaluate, args[0] if named else "")
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
     request = Request(recipe, config, args, spawn, check, data_here, print_config, wants_help)
+    request.help_all = help_all
     request.evaluate, request.ema, request.out = evaluate, ema, out
     return request
 
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         request = parse_argv(argv)
         if request.help:
-            print(help_text(request.recipe))
+            print(help_text(request.recipe, request.help_all))
             return 0
         cfg, recipe = load(request)
         if request.check or request.print_config:
@@ -313,24 +318,34 @@ def check_data(cfg: C.Config, recipe: Recipe, here: bool) -> None:
 # ---------------------------------------------------------------- --help
 
 
-def help_text(recipe_name: str) -> str:
+def help_text(recipe_name: str, everything: bool = False) -> str:
     """Usage, then every key with its type, default, range and meaning, generated from the
-    config dataclasses; with a recipe, its variants and its own sections too."""
-    sections = {"top level": C.describe_top_level()}
-    summaries = {name: C.class_summary(cls) for name, cls in C.ENGINE_SECTIONS.items()}
-    sections |= {name: C.describe_section(name, cls) for name, cls in C.ENGINE_SECTIONS.items()}
+    config dataclasses; with a recipe, the values its config.yaml gives (not the engine's
+    defaults), its variants and its own sections too. Test-only sections (fault) only with
+    `everything` (--help-all)."""
+    shown = {k: c for k, c in C.ENGINE_SECTIONS.items() if everything or not C.is_test_only(c)}
+    cfg = catalog.load_config(recipe_name, [])[0] if recipe_name else None
+    sections = {"top level": C.describe_top_level(cfg)}
+    summaries = {name: C.class_summary(cls) for name, cls in shown.items()}
+    sections |= {
+        name: C.describe_section(name, cls, getattr(cfg, name, None)) for name, cls in shown.items()
+    }
+    hidden = sorted(set(C.ENGINE_SECTIONS) - set(shown))
     parts = [OPTIONS, f"recipes: {', '.join(catalog.available())}"]
     if recipe_name:
         recipe = catalog.load(recipe_name)
         own = {"model": C.with_weights_init(recipe.model_config), "data": recipe.data_config}
         summaries |= {f"{name} ({recipe_name})": C.class_summary(cls) for name, cls in own.items()}
         sections |= {
-            f"{name} ({recipe_name})": C.describe_section(name, c) for name, c in own.items()
+            f"{name} ({recipe_name})": C.describe_section(name, c, getattr(cfg, name))
+            for name, c in own.items()
         }
         parts.append(variant_lines(recipe_name))
     for title, rows in sections.items():
         summary = summaries.get(title, "")
         parts.append("\n".join([f"{title}: {summary}" if summary else title, *key_lines(rows)]))
+    if hidden:
+        parts.append(f"not listed: {', '.join(hidden)} (for tests; --help-all lists them)")
     return "\n\n".join(parts)
 
 

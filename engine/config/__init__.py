@@ -82,6 +82,7 @@ from engine.config.sections import (
     SlurmConfig,
     TrainConfig,
     WeightsInit,
+    is_test_only,
     resume_safe_keys,
     with_weights_init,
 )
@@ -144,6 +145,7 @@ __all__ = [
     "parse_overrides",
     "read_yaml",
     "resolve",
+    "is_test_only",
     "resume_safe_keys",
     "safe",
     "show_value",

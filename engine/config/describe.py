@@ -32,17 +32,20 @@ class KeyHelp:
     meaning: str  # from the comments beside the field (field_meanings)
 
 
-def describe_section(prefix: str, cls: type) -> list[KeyHelp]:
-    """The keys of a section (a nested section's as prefix.name.key), in declaration order."""
+def describe_section(prefix: str, cls: type, values: Any = None) -> list[KeyHelp]:
+    """The keys of a section (a nested section's as prefix.name.key), in declaration order;
+    `values`: a resolved section whose values are shown instead of the field defaults (a
+    recipe's own, e.g. digits' train.epochs=15)."""
     hints = typing.get_type_hints(cls)
     meanings = field_meanings(cls)
     rows = []
     for f in dataclasses.fields(cls):
         key, annotation = f"{prefix}.{f.name}", hints[f.name]
         if dataclasses.is_dataclass(annotation):
-            rows += describe_section(key, annotation)
+            rows += describe_section(key, annotation, getattr(values, f.name, None))
             continue
         default = f.default_factory() if callable(f.default_factory) else f.default
+        default = getattr(values, f.name) if values is not None else default
         allowed = f.metadata.get("range")
         meaning = meanings.get(f.name, "")
         rows.append(
@@ -51,14 +54,15 @@ def describe_section(prefix: str, cls: type) -> list[KeyHelp]:
     return rows
 
 
-def describe_top_level() -> list[KeyHelp]:
-    """The top-level keys; their meanings are those of Config's fields."""
+def describe_top_level(values: Any = None) -> list[KeyHelp]:
+    """The top-level keys; their meanings are those of Config's fields (values: a resolved
+    Config whose values are shown instead of the defaults)."""
     meanings = field_meanings(Config)
     return [
         KeyHelp(
             key,
             type_name(TOP_TYPES[key]),
-            show_value(default),
+            show_value(getattr(values, key) if values is not None else default),
             str(TOP_RANGES.get(key) or ""),
             meanings.get(key, ""),
         )

@@ -202,6 +202,7 @@ class FaultConfig:
     """Deliberate failures, for fault tests and for rehearsing what a crash looks like."""
 
     resume_safe = True  # a resumed run may change it: deliberate failures
+    test_only = True  # left out of --help (listed by --help-all)
 
     raise_at_step: int = bounded(0, ge=0)  # > 0: raise an error after this optimizer step
     rank: int = bounded(0, ge=0)  # on this global rank only
@@ -378,6 +379,11 @@ TOP_RESUME_SAFE = ("device", "resume", "deterministic", "variant")
 # A key of every recipe's own sections that a resumed run may change: where its data is read
 # from (recipes/*/data.py declare `root`). A recipe adds its own through Recipe.resume_safe.
 RECIPE_RESUME_SAFE = ("data.root",)
+
+
+def is_test_only(section: type) -> bool:
+    """A section for tests (deliberate failures), left out of --help."""
+    return bool(getattr(section, "test_only", False))
 
 
 def resume_safe_keys() -> tuple[str, ...]:
