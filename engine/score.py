@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import checkpoint as ckpt
+from engine import atomic
 from engine import config as C
 from engine import distributed as D
 from engine.checkpoint import weights as checkpoint_weights
@@ -73,7 +73,7 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
         if denv.is_main:
             found = result(cfg, run.init_record, weights, ema, metrics, denv.world_size)
             found["seconds"] = time.perf_counter() - started
-            ckpt.atomic_write_text(destination, json.dumps(found, indent=2) + "\n")
+            atomic.write_out(destination, json.dumps(found, indent=2) + "\n")
             log(f"{cfg.recipe} {weights}: {run.task.describe(metrics)}; wrote {destination}")
         return 0
     finally:
