@@ -28,7 +28,7 @@ from torch import nn
 
 from engine import checkpoint as ckpt
 from engine.checkpoint import weights as checkpoint_weights
-from engine.config import ConfigError
+from engine.config import ConfigError, finalize
 from engine.optim import check_patterns, matches, note
 
 SHOWN = 5  # names listed per kind in the run's message
@@ -345,8 +345,8 @@ def frozen_line(patterns: list[str], frozen: int, tensors: int) -> str:
 
 def follow_weights(cfg: Any) -> str:
     """With model.weights, the image recipe's eval resize, crop and interpolation become the
-    weights' own (unless data.augment.follow_weights=false), set in the config itself so the
-    saved config and a resume see them. Returns what the run uses, in words ("" for no
+    weights' own (unless data.augment.follow_weights=false), set through config.finalize so
+    the saved config and a resume see them. Returns what the run uses, in words ("" for no
     weights named)."""
     name = getattr(cfg.model, "weights", "")
     augment = getattr(cfg.data, "augment", None)
@@ -364,8 +364,12 @@ def follow_weights(cfg: Any) -> str:
             f"model.weights={name} normalises with mean {list(ours.mean)}, std {list(ours.std)}; "
             "the image pipeline uses ImageNet's: set data.augment.follow_weights=false to go on"
         )
-    augment.eval_resize, augment.eval_size = ours.resize_size[0], ours.crop_size[0]
-    augment.interpolation = ours.interpolation.value
+    derived = {
+        "data.augment.eval_resize": ours.resize_size[0],
+        "data.augment.eval_size": ours.crop_size[0],
+        "data.augment.interpolation": ours.interpolation.value,
+    }
+    finalize(cfg, derived)
     return (
         f"the weights' ({name}): resize {augment.eval_resize}, crop {augment.eval_size}, "
         f"{augment.interpolation}"

@@ -42,14 +42,15 @@ def result_path(weights: Path, ema: bool, out: str) -> Path:
     return weights.parent / f"{stem}{'.ema' if ema else ''}.eval.json"
 
 
-def for_scoring(cfg: C.Config, weights: Path, ema: bool) -> None:
+def for_scoring(cfg: C.Config, weights: Path, ema: bool, world_size: int) -> None:
     """The config with the weights as the model's only source, matched exactly: a resumed
-    state or a re-initialised head would score something else."""
-    cfg.resume = "none"
-    cfg.ema.decay = 0.0  # the EMA, if asked for, is what is loaded
-    model = cfg.model
-    model.init_from, model.weights, model.init_ema = str(weights), "", ema
-    model.init_strict, model.init_skip = True, []
+    state or a re-initialised head would score something else. Nothing trains: the smallest
+    training batch, so a held-out split can be scored beside a training set of any size."""
+    derived = {"resume": "none", "ema.decay": 0.0}  # the EMA, if asked for, is what is loaded
+    derived |= {"model.init_from": str(weights), "model.weights": "", "model.init_ema": ema}
+    derived |= {"model.init_strict": True, "model.init_skip": []}
+    derived |= {"train.batch_size": world_size, "train.micro_batch_size": None}
+    C.finalize(cfg, derived)
 
 
 def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int:
@@ -57,11 +58,8 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
     started = time.perf_counter()
     weights = target(path)
     destination = result_path(weights, ema, out)
-    for_scoring(cfg, weights, ema)
     denv = D.read_env()
-    # Nothing trains: the smallest training batch, so a held-out split can be scored beside
-    # a training set of any size.
-    cfg.train.batch_size, cfg.train.micro_batch_size = denv.world_size, None
+    for_scoring(cfg, weights, ema, denv.world_size)
     D.limit_threads(denv)
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)

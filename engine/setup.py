@@ -80,7 +80,7 @@ def build_datasets(cfg: C.Config, recipe: Recipe):
                 "model.num_classes=0 follows the data, but this training set lists no "
                 "classes; set model.num_classes"
             )
-        cfg.model.num_classes = len(classes)
+        C.finalize(cfg, {"model.num_classes": len(classes)})
     return train_data, eval_data
 
 

@@ -293,7 +293,7 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
     run, lock = None, None
     try:
         name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
-        cfg.run.name = name
+        C.finalize(cfg, {"run.name": name})
         check_supported(recipe.task, cfg.train, cfg.mix)
         lock, done = lock_run_dir(cfg, denv)
         if done is not None:

@@ -49,6 +49,7 @@ from engine.config.fields import (
     parse_overrides,
     safe,
 )
+from engine.config.finalize import finalize
 from engine.config.resolve import (
     RECORDED,
     _check_recorded,
@@ -88,6 +89,7 @@ from engine.config.sections import (
 )
 
 __all__ = [
+    "finalize",
     "DECIMAL",
     "ENGINE_SECTIONS",
     "ON_OFF",
