@@ -33,6 +33,7 @@ from engine.recipe import Recipe
 from engine.score import score
 from engine.setup import amp_dtype
 from engine.spawn import spawn_local
+from engine.tasks import check_supported
 from engine.tracking import redact, wandb_env_overrides, wandb_missing_note, wandb_mode
 from engine.train import PeerFailure, train
 
@@ -248,6 +249,7 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     Neither writes anything."""
     if request.check:
         preflight(cfg, *request.check)
+        check_supported(recipe.task, cfg.train, cfg.mix)  # refused here, not on a compute node
         if note := wandb_missing_note(cfg.log):
             print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)

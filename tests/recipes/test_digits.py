@@ -127,7 +127,7 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path):
         text=True,
         timeout=120,
     )
-    assert "step 10/12 epoch 0 loss" in plain.stderr and "step/s" not in plain.stderr
+    assert "step 10/12 epoch 1 loss" in plain.stderr and "step/s" not in plain.stderr
     # `script` gives the process a real terminal (a pty) of 100 columns
     inner = "stty cols 100 rows 30; " + shlex.join(cmd + ["run.name=tty"])
     tty = subprocess.run(
