@@ -33,22 +33,24 @@ def last_line(text: str) -> str:
     return lines[-1].removeprefix("error: ") if lines else ""
 
 
+def run_check(argv: list[str]) -> tuple[int, str]:
+    """(exit code, stderr) of the engine's check, in a process of its own."""
+    try:
+        done = subprocess.run(
+            argv, cwd=ROOT, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        raise UserError(f"could not check the config with {argv[0]}: {err}", code=1) from None
+    return done.returncode, done.stderr
+
+
 def engine_check(req: Request, data_here: bool = False) -> None:
     """The request's config resolved and checked by the engine for each world size the run
     may take, and its data where this machine can see it."""
-    try:
-        done = subprocess.run(
-            check_argv(req, data_here),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=CHECK_TIMEOUT_S,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        raise UserError(f"could not check the config with {req.python}: {err}", code=1) from None
-    if done.returncode == 0:
+    code, stderr = run_check(check_argv(req, data_here))
+    if code == 0:
         return
-    said = last_line(done.stderr) or f"exit code {done.returncode}"
+    said = last_line(stderr) or f"exit code {code}"
     sizes = " or ".join(", ".join(map(str, req.world_sizes)).rsplit(", ", 1))  # 1, 2 or 3
     where = f"for {sizes} process(es)" if req.world_sizes != [1] else "for one process"
     raise UserError(f"{said} (config checked {where}; nothing was started)", code=2)

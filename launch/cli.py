@@ -208,6 +208,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if target in CHECKED_TARGETS and args.command != "render" and not starts_alone:
         # A dry run or a batch script may be meant for another machine: its data too.
         check.engine_check(req, data_here=target == "local" and not dry)
+    for line in req.warnings:  # after every check: a warning never precedes an error
+        print(line, file=sys.stderr)
     if isinstance(out, str):
         print(out, end="")
         return 0

@@ -85,6 +85,7 @@ class Request:
     infiniband: bool = False  # the host has /dev/infiniband: docker maps it into the container
     slurm: Slurm = field(default_factory=Slurm)
     engine_flags: tuple[str, ...] = ()  # e.g. --eval PATH: what the engine does instead of training
+    warnings: tuple[str, ...] = ()  # said once the request passed its checks, never before
 
     @property
     def procs_per_node(self) -> int:

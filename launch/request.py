@@ -118,18 +118,19 @@ def visible_gpu_count() -> int:
     return min(listed, installed_gpu_count()) if listed else 0
 
 
-def check_gpus_visible(label: str, gpus: int, dry: bool) -> None:
+def check_gpus_visible(label: str, gpus: int, dry: bool) -> tuple[str, ...]:
     """More GPUs than are visible would quietly train that many CPU processes (the engine's
-    device=auto falls back to the CPU); a dry run may be meant for another machine: a warning."""
+    device=auto falls back to the CPU); a dry run may be meant for another machine: a warning,
+    returned to be said once the request has passed its checks (never before an error)."""
     visible = visible_gpu_count()
     if gpus <= visible:
-        return
+        return ()
     fewer = f"GPUS={visible} or fewer, or " if visible else ""
     problem = f"{label}={gpus} but {visible} CUDA device(s) are visible here"
     fix = f"set {fewer}GPUS=0 for CPU processes (PROCS=N for N of them)"
     if not dry:
         raise UserError(f"{problem}; {fix}")
-    print(f"launch: warning: {problem}; to run it here, {fix}", file=sys.stderr)
+    return (f"launch: warning: {problem}; to run it here, {fix}",)
 
 
 def git(src: Path, *words: str) -> str | None:
@@ -465,8 +466,11 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     image = args.image or env.get("IMAGE") or ""
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
-    if picked and target == "local":  # last: a warning never precedes an error
-        check_gpus_visible(picked[0], gpus, args.command == "render" or is_dry(args, env))
+    warnings = ()
+    if picked and target == "local":
+        warnings = check_gpus_visible(
+            picked[0], gpus, args.command == "render" or is_dry(args, env)
+        )
     return Request(
         recipe=recipe,
         device=device,
@@ -489,4 +493,5 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         passthrough_env=tuple(sorted(k for k in env if NCCL_SETTING.fullmatch(k))),
         infiniband=Path("/dev/infiniband").exists(),
         slurm=slurm_options(sections["slurm"]),
+        warnings=warnings,
     )

@@ -475,6 +475,8 @@ def dry_run(plan: Plan) -> int:
     todo, _ = to_run(plan, load_manifest(plan).get("attempts") or {})
     if todo:
         check_cells(plan, todo, data_here=False)
+    for line in plan.req.warnings:  # after the checks: a warning never precedes an error
+        print(line, file=sys.stderr)
     if not todo:
         print(f"# sweep {plan.name}: every member is finished or queued; nothing to run")
     elif plan.slurm:  # the one job array submitit would submit

@@ -124,6 +124,17 @@ def refuse(*_args, **_kwargs):
     raise AssertionError("a dry run tried to start a process")
 
 
+def check_here(argv: list[str]) -> tuple[int, str]:
+    """launch.check.run_check without its process: the engine's own --check, in this one
+    (the same code, without a torch import per case)."""
+    from engine import cli as engine_cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = engine_cli.main(argv[argv.index("engine.train") + 1 :])
+    return code, err.getvalue()
+
+
 def run_main(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     """cli.main in-process, stdout a UTF-8 terminal (strict), stderr as Python's own."""
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
@@ -132,6 +143,7 @@ def run_main(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         mock.patch("launch.request.git_short_sha", GIT_SHORT_SHA),
         mock.patch("launch.request.installed_gpu_count", INSTALLED_GPUS),
         mock.patch("os.execv", refuse),
+        mock.patch("launch.check.run_check", check_here),
         mock.patch("launch.slurm.submit", refuse),
         mock.patch("launch.slurm.submit_array", refuse),
         mock.patch("launch.sweep.subprocess", SimpleNamespace(run=refuse)),  # sweep's alone
@@ -222,13 +234,13 @@ def test_every_nasty_value_in_every_variable_flag_and_override(name):
 def test_bytes_that_are_not_utf8_print_as_they_came(tmp_path):
     """A real process: the printed command holds the argument's own bytes."""
     done = subprocess.run(
-        [sys.executable, "-m", "launch", "dry-run", "--gpus", "0", "--", b"note=caf\xe9"],
+        [sys.executable, "-m", "launch", "dry-run", "--gpus", "0", "--", b"log.project=caf\xe9"],
         cwd=ROOT,
         capture_output=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert shlex.split(os.fsdecode(done.stdout))[-1] == os.fsdecode(b"note=caf\xe9")
+    assert shlex.split(os.fsdecode(done.stdout))[-1] == os.fsdecode(b"log.project=caf\xe9")
 
 
 def test_the_harness_sees_success_and_one_line_errors():
