@@ -424,6 +424,8 @@ def asked_device(picked, gpus: int, cpu_asked: bool, device: str, user: tuple[st
     said = override_value(user, "device")
     if gpus and said == "cpu":
         raise UserError(f"GPUS={gpus} but ARGS sets device=cpu; use GPUS=0 for CPU processes")
+    if cpu_asked and picked and said == "cuda":
+        raise UserError("GPUS=0 asks for CPU processes but ARGS sets device=cuda; give GPUS=N")
     if said is not None:
         return ""
     if cpu_asked:
