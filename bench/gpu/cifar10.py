@@ -14,7 +14,7 @@ from bench.gpu.engine_runs import close_run, engine_run, engine_steps
 from bench.gpu.harness import REPO, Bench, Skip, attempt, device_peak, fmt, median, mfu, timed
 from bench.gpu.sizes import REFERENCES
 from engine import catalog
-from engine.catalog import load_config
+from engine.catalog import data_here, load_config
 from engine.speed import flops_per_sample
 from engine.tracking import Progress
 from engine.train import fit, run_eval
@@ -132,7 +132,7 @@ def cifar_generated(bench: Bench) -> dict:
 def cifar_real(bench: Bench) -> dict:
     cfg, _ = load_config("cifar10", [], "fast")
     try:
-        cifar_files.require(Path(cfg.data.root))
+        cifar_files.require(Path(data_here(cfg).root))
     except Exception:
         raise Skip(
             "no CIFAR-10 files at the recipe's data.root ($RECIPES_DATA/cifar10 or "

@@ -144,7 +144,8 @@ HOSTILE_ENV = {
 }
 HOSTILE_ENV |= {
     "EXCLUDE": f"exclude-{PAYLOAD}",
-    "ARGS": shlex.join([f"note={PAYLOAD}", f"run.root=/runs/{PAYLOAD}", "run.name=shared"]),
+    # log.project: a text key the engine's check accepts as it is (a dry run is checked too)
+    "ARGS": shlex.join([f"log.project={PAYLOAD}", f"run.root=/runs/{PAYLOAD}", "run.name=shared"]),
     "DRY_RUN": "1",
 }
 CLI_TARGETS = {  # programs on PATH, replaced by fakes that record their argv
@@ -194,7 +195,7 @@ def test_hostile_request_values_stay_inert_in_the_submitted_script(tmp_path, cap
         (directive,) = [x for x in script.splitlines() if x.startswith(f"#SBATCH --{key}=")]
         assert shlex.split(directive) == ["#SBATCH", f"--{key}={HOSTILE_ENV[name]}"]
     (task,) = [x for x in script.splitlines() if x.startswith("#   every task: ")]
-    assert f"note={PAYLOAD}" in shlex.split(task.removeprefix("#   every task: "))
+    assert f"log.project={PAYLOAD}" in shlex.split(task.removeprefix("#   every task: "))
 
 
 def test_hostile_values_stay_inert_in_the_local_command(tmp_path):
@@ -202,7 +203,10 @@ def test_hostile_values_stay_inert_in_the_local_command(tmp_path):
     engine only records how it was started."""
     checkout = helpers.fake_checkout(tmp_path / "checkout", FAKE_TRAIN, CONFIG)
     record = tmp_path / "record"
-    printed = launch("dry-run", cwd=checkout, GPUS="0", ARGS=HOSTILE_ENV["ARGS"])
+    checked = str(tmp_path / "checked")  # the dry run's check of the config, recorded apart
+    printed = launch(
+        "dry-run", cwd=checkout, GPUS="0", ARGS=HOSTILE_ENV["ARGS"], FAKE_RECORD=checked
+    )
     assert printed.returncode == 0, printed.stderr
     line = one_line(printed.stdout)
     done = subprocess.run(
@@ -215,7 +219,7 @@ def test_hostile_values_stay_inert_in_the_local_command(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     (started,) = [json.loads(x)["orig_argv"] for x in record.read_text().splitlines()]
-    assert started == shlex.split(line) and f"note={PAYLOAD}" in started
+    assert started == shlex.split(line) and f"log.project={PAYLOAD}" in started
     assert_no_payload_ran(started, tmp_path)
 
 

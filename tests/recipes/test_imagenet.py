@@ -37,7 +37,7 @@ def imagenet(root, name, *overrides, variant="", check=True):
 
 @pytest.fixture
 def data(tmp_path):
-    return write_image_folder(tmp_path / "imagenet")
+    return write_image_folder(tmp_path / "images")  # apart from the run root, <tmp>/imagenet
 
 
 def test_trains_through_jpeg_decode_with_workers_and_evaluates_each_image_once(tmp_path, data):
