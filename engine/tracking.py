@@ -121,7 +121,9 @@ def wandb_mode(cfg: LogConfig) -> str:
         )
     if cfg.wandb == "offline":
         return "offline"
-    url = wandb_base_url()
+    # No key and no netrc entry: no credentials for any server, so wandb need not be imported
+    # (a second or so) to learn which server is meant.
+    url = wandb_base_url() if maybe_credentials() else DEFAULT_WANDB_URL
     if not has_wandb_credentials(url):
         if cfg.wandb == "online":
             raise ConfigError(
@@ -156,6 +158,16 @@ def wandb_base_url() -> str:
     except ImportError:  # installed but broken: wandb.init fails too, and says why
         return DEFAULT_WANDB_URL
     return wandb.Settings().base_url  # this wandb version's default server
+
+
+def maybe_credentials() -> bool:
+    """WANDB_API_KEY or any netrc entry: credentials for some server."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return bool(netrc.netrc(os.environ.get("NETRC")).hosts)
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def has_wandb_credentials(url: str) -> bool:
