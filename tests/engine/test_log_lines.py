@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from engine import train
 from engine.catalog import load_config
@@ -15,21 +14,7 @@ from tests.helpers import records
 PLAIN = ["log.wandb=off", "log.progress=plain", "device=cpu", "log.every_steps=1"]
 
 
-@pytest.fixture(autouse=True)
-def backend_flags():
-    """train() sets global flags (TF32, cuDNN, deterministic algorithms): restored after."""
-    saved = (
-        torch.get_float32_matmul_precision(),
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.deterministic,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
-    torch.backends.cudnn.deterministic = saved[3]
-    torch.use_deterministic_algorithms(saved[4])
+pytestmark = pytest.mark.usefixtures("restore_backend_flags")  # tests/engine/conftest.py
 
 
 def said_epochs(err: str, kind: str) -> list[tuple[int, int]]:

@@ -9,7 +9,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from engine import cli, preempt, rundir, train
 from engine.catalog import load_config
@@ -18,21 +17,7 @@ from engine.config import ConfigError
 QUIET = ["log.wandb=off", "log.progress=off", "device=cpu"]
 
 
-@pytest.fixture(autouse=True)
-def backend_flags():
-    """train() sets global flags (TF32, cuDNN, deterministic algorithms): restored after."""
-    saved = (
-        torch.get_float32_matmul_precision(),
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.deterministic,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
-    torch.backends.cudnn.deterministic = saved[3]
-    torch.use_deterministic_algorithms(saved[4])
+pytestmark = pytest.mark.usefixtures("restore_backend_flags")  # tests/engine/conftest.py
 
 
 def train_run(root, name: str, *overrides: str) -> int:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from engine import distributed as D
@@ -20,22 +19,7 @@ from engine.setup import setup
 QUIET = ["log.wandb=off", "log.progress=off", "train.max_steps=1"]
 
 
-@pytest.fixture(autouse=True)
-def backend_flags():
-    """train() and setup() set global flags (TF32, cuDNN, deterministic algorithms): restored
-    afterwards, for the tests that run next in this process."""
-    saved = (
-        torch.get_float32_matmul_precision(),
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.deterministic,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
-    torch.backends.cudnn.deterministic = saved[3]
-    torch.use_deterministic_algorithms(saved[4])
+pytestmark = pytest.mark.usefixtures("restore_backend_flags")  # tests/engine/conftest.py
 
 
 def saved_files(run_dir: Path) -> tuple[dict, dict]:
