@@ -89,6 +89,7 @@ class Run:
     memory_format: torch.memory_format = torch.contiguous_format  # of 4-d input batches
     trainable: list[nn.Parameter] = field(default_factory=list)  # the bare model's, listed once
     init_record: dict | None = None  # the first weights' file (engine.finetune), if any
+    code: dict = field(default_factory=dict)  # engine.codeid's identity of the code running
 
     def close(self) -> None:
         """Ends what runs beside the loop, in order: the thread finishing batches ahead (it

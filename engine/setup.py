@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine import catalog, finetune, rundir
+from engine import catalog, codeid, finetune, rundir
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
@@ -98,12 +98,14 @@ def setup(
     seed_process(cfg.seed, denv.rank)
     data = build_datasets(cfg, recipe)
     model = weights.build(recipe, cfg.model)
+    code = codeid.identity()
     source = resume_source(cfg, run_dir)
     if source:
-        check_resumable(cfg, recipe, strategy, source, denv.is_main)
+        check_resumable(cfg, recipe, strategy, source, denv.is_main, code)
     placed = place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, data[0], source)
     run = assemble(cfg, recipe, denv, device, strategy, run_dir, plan, dtype, placed, data)
     run.init_record = source[1].get("init") if source else placed.init
+    run.code = code
     if source:
         run.state = restore(run, source)
         if denv.is_main:
@@ -112,6 +114,7 @@ def setup(
         open_run_dir(run, mode)
         if source and denv.is_main:
             record_world_change(run, source)
+            record_code_change(run, source)
     if denv.local_rank == 0:
         warn_shared_memory(run)
     return run
@@ -245,11 +248,12 @@ def open_run_dir(run: Run, wandb: str) -> None:
     run.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
     if denv.is_main:
         ckpt.atomic_write_text(run.run_dir / "config.yaml", redact(C.dump(cfg)))
-        run.tracker = Tracker(run.run_dir, cfg.log, wandb, cfg.to_dict(), run.state.step)
+        config = cfg.to_dict() | {"code": run.code}  # W&B's config names the code too
+        run.tracker = Tracker(run.run_dir, cfg.log, wandb, config, run.state.step)
     hosts = D.gather_objects(D.host_name())
     if denv.is_main:
         task = run.task
-        env = environment(denv.world_size, hosts, run.device)
+        env = environment(denv.world_size, hosts, run.device, run.code)
         env["task"] = task_facts(task.headline, task.higher_is_better, task.unit)
         if hasattr(cfg.data, "root"):  # where this machine read the data (config: as asked)
             env["data_root"] = catalog.data_here(cfg).root
@@ -285,6 +289,21 @@ def record_world_change(run: Run, source: tuple[Path, dict]) -> None:
         f"world size {old} -> {new}: resumed from {path.name} (step {step}), "
         f"{record['redone_steps']} step(s) trained again, {plan.accum_steps} accumulation "
         f"step(s) of {plan.micro_batch} per process"
+    )
+
+
+def record_code_change(run: Run, source: tuple[Path, dict]) -> None:
+    """Rank 0, resuming with run.allow_code_change over a checkpoint of other code: a record
+    of the change, in metrics.jsonl and W&B, as a change of world size is recorded."""
+    path, saved = source
+    old = saved.get("code")
+    if old is None or codeid.same_code(old, run.code):
+        return
+    change = codeid.difference(old, run.code)
+    record = {"kind": "code", "step": saved["step"], "from": old, "to": run.code}
+    run.tracker.write(record | {"checkpoint": path.name, "change": change})
+    log(
+        f"run.allow_code_change: resumed {path.name} (step {saved['step']}) with other code, {change}"
     )
 
 

@@ -25,7 +25,6 @@ import platform
 import secrets
 import socket
 import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -216,24 +215,17 @@ def _http_probe(url: str, timeout: float) -> str | None:
 # ---------------------------------------------------------------- env.json
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def lock_sha256() -> str | None:
     lock = REPO / "requirements.lock"
     return hashlib.sha256(lock.read_bytes()).hexdigest() if lock.exists() else None
 
 
-def environment(world_size: int, hosts: list[str], device: torch.device) -> dict[str, Any]:
-    """Versions and provenance for env.json. Never copies the environment wholesale, and
-    redacts credentials from what it records (argv may hold one pasted into an override)."""
-    sha = _git("rev-parse", "HEAD") or os.environ.get("RECIPES_GIT_SHA")
-    dirty = _git("status", "--porcelain")
+def environment(
+    world_size: int, hosts: list[str], device: torch.device, code: dict
+) -> dict[str, Any]:
+    """Versions and provenance for env.json (`code`: engine.codeid's identity of the code that
+    runs). Never copies the environment wholesale, and redacts credentials from what it
+    records (argv may hold one pasted into an override)."""
     devices = []
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -245,8 +237,9 @@ def environment(world_size: int, hosts: list[str], device: torch.device) -> dict
             "cudnn": torch.backends.cudnn.version()
             if torch.backends.cudnn.is_available()
             else None,
-            "git_sha": sha,
-            "git_dirty": None if dirty is None else bool(dirty),
+            "git_sha": code.get("commit"),
+            "git_dirty": code.get("dirty"),
+            "code": code,
             "lock_sha256": lock_sha256() or os.environ.get("RECIPES_LOCK_SHA256"),
             "image": {
                 k.removeprefix("RECIPES_").lower(): os.environ.get(k) for k in PROVENANCE_VARS
@@ -266,7 +259,7 @@ def environment(world_size: int, hosts: list[str], device: torch.device) -> dict
 # ---------------------------------------------------------------- the tracker
 
 
-EVENT_KINDS = ("world_size",)  # records of what happened to the run, not of a step's metrics
+EVENT_KINDS = ("world_size", "code")  # records of what happened to the run, not of a step's metrics
 
 
 def _record(line: str) -> dict | None:

@@ -399,6 +399,7 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         "steps": st.step,
         "epochs": st.epoch,
         "world_size": run.denv.world_size,
+        "code": run.code,
     }
     if run.init_record:
         summary["init"] = run.init_record

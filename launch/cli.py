@@ -41,7 +41,7 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import check, compare, render, report, request, sweep
+from launch import check, compare, render, report, request, snapshot, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -194,11 +194,7 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
-    if args.command == "eval":
-        args = with_run_config(args, env)
-    req = request.resolve(args, env, target=target)
-    if args.command == "eval":
-        req = dataclasses.replace(req, engine_flags=eval_flags(env))
+    req = run_request(args, env, target)
     try:
         out = render_target(req, target)
     except ValueError as e:
@@ -210,6 +206,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         check.engine_check(req, data_here=target == "local" and not dry)
     for line in req.warnings:  # after every check: a warning never precedes an error
         print(line, file=sys.stderr)
+    if req.code and not dry:
+        snapshot.take(req)
     if isinstance(out, str):
         print(out, end="")
         return 0
@@ -217,6 +215,17 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(render.shell_join(out))
         return 0
     execute(out)
+
+
+def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -> Request:
+    """The request a run target renders: make eval's with the run's config and its flags, a
+    batch script's with the snapshot of the code it will run (it runs later)."""
+    if args.command == "eval":
+        args = with_run_config(args, env)
+    req = request.resolve(args, env, target=target)
+    if args.command == "eval":
+        req = dataclasses.replace(req, engine_flags=eval_flags(env))
+    return snapshot.attach(req) if target == "sbatch" else req
 
 
 def with_run_config(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
@@ -253,7 +262,7 @@ def eval_flags(env: Mapping[str, str]) -> tuple[str, ...]:
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """What submitit submits: printed by a dry run, else checked by the engine and queued."""
-    req = request.resolve(args, env, target="submit")
+    req = snapshot.attach(request.resolve(args, env, target="submit"))
     slurm = check.slurm_support()
     if request.is_dry(args, env):
         check.engine_check(req)

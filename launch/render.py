@@ -76,6 +76,8 @@ class Request:
     rdzv_endpoint: str | None = None  # HOST:PORT of the first node when nodes > 1
     max_restarts: int = 0  # torchrun restarts all workers this often after one fails
     src: str = "."  # host checkout, mounted at /workspace in containers
+    # A SLURM job's snapshot of the code (launch.snapshot), relative to src; "": the checkout
+    code: str = ""
     data: str = "data"  # host data root (RECIPES_DATA), mounted at /data
     run_root: str = "runs"  # run.root of the engine config
     uid_gid: str | None = None  # docker -u; None: the image's user
@@ -179,6 +181,26 @@ def local(req: Request) -> list[str]:
 
 def _host(req: Request, path: str) -> str:
     return path if posixpath.isabs(path) else posixpath.join(req.src, path)
+
+
+def code_environment(req: Request) -> dict[str, str]:
+    """What a job's processes need to run its snapshot of the code (launch.snapshot) from
+    the checkout as working directory; empty: it runs the checkout's code."""
+    if not req.code:
+        return {}
+    return {
+        "PYTHONPATH": _host(req, req.code),
+        "PYTHONSAFEPATH": "1",  # the working directory (the checkout) is never on sys.path
+        "RECIPES_DATA": _host(req, req.data),  # the default data root stays the checkout's
+    }
+
+
+def code_exports(req: Request) -> list[str]:
+    """code_environment() as lines of a batch script, each value quoted."""
+    if not req.code:
+        return []
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in code_environment(req).items()]
+    return [f"# the code as submitted: {_one_line('code', req.code)}/ (its CODE.json)", *exports]
 
 
 def _runs_mount(req: Request) -> tuple[str, str] | None:
@@ -361,6 +383,7 @@ def sbatch_script(req: Request) -> str:
         *(_directive(k, v) for k, v in directives.items() if v is not None),
         "",
         *s.setup,
+        *code_exports(req),
     ]
     if s.cpus_per_task:  # srun does not inherit --cpus-per-task from sbatch (Slurm >= 22.05)
         lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')

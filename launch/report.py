@@ -29,7 +29,14 @@ from launch.runs import Run
 
 # shown as "time" and "world size"; the headline's name orders the columns instead, and its
 # direction is not a metric, nor are the files of the best checkpoints
-OWN_COLUMNS = ("seconds", "world_size", "headline", "higher_is_better", "best_checkpoints")
+OWN_COLUMNS = (
+    "seconds",
+    "world_size",
+    "headline",
+    "higher_is_better",
+    "best_checkpoints",
+    "code",
+)
 MAX_STEM = 120
 DIGITS = 4  # significant digits of a float in the table (summary.json has them all)
 
@@ -231,7 +238,7 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
-    lines += world_changes(found)
+    lines += world_changes(found) + code_changes(found)
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
@@ -280,6 +287,30 @@ def world_changes(found: list[Run]) -> list[str]:
         "Each restart resumed from the newest checkpoint with the same global batch and "
         "sample order; the steps after that checkpoint were trained again (their records "
         "replaced), and the time lost runs from the checkpoint's writing to the restart.",
+    ]
+
+
+def code_changes(found: list[Run]) -> list[str]:
+    """The resumes that continued a run with other code (run.allow_code_change), as the
+    engine recorded them; none: nothing."""
+    changes = [(run, r) for run in found for r in run.metrics.code_changes]
+    if not changes:
+        return []
+    rows = [
+        f"| {run.name} | {r['step']} | {r.get('change', 'n/a')} | {r.get('checkpoint', 'n/a')} |"
+        for run, r in changes
+    ]
+    return [
+        "",
+        "## Changes of code",
+        "",
+        "| run | step | change | resumed from |",
+        "|---|---:|---|---|",
+        *rows,
+        "",
+        "Each of these resumes continued the run with code other than the code that wrote its "
+        "checkpoint (allowed by run.allow_code_change): the steps after it come from another "
+        "program than the steps before.",
     ]
 
 

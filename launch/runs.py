@@ -32,6 +32,7 @@ class Metrics:
     train: list[dict] = field(default_factory=list)
     eval: list[dict] = field(default_factory=list)
     world_changes: list[dict] = field(default_factory=list)  # elastic restarts, in file order
+    code_changes: list[dict] = field(default_factory=list)  # run.allow_code_change resumes
     notes: list[str] = field(default_factory=list)  # lines skipped, said to the user
 
 
@@ -168,6 +169,7 @@ def read_metrics(path: Path) -> Metrics:
         train=[r for r in ordered if r["kind"] == "train"],
         eval=[r for r in ordered if r["kind"] == "eval"],
         world_changes=[r for r in latest.values() if r["kind"] == "world_size"],
+        code_changes=[r for r in latest.values() if r["kind"] == "code"],
         notes=notes,
     )
 

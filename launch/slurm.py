@@ -36,7 +36,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from engine import preempt
-from launch import render
+from launch import render, snapshot
 from launch.errors import UserError
 from launch.render import PREEMPTED, Request
 
@@ -51,18 +51,20 @@ class EngineJob(submitit.helpers.Checkpointable):
         src: str,
         max_requeues: int,
         environ: dict[str, str] | None = None,
+        code: str = "",
     ):
         self.recipe = recipe
         self.args = list(args)
         self.src = src
+        self.code = code  # the snapshot it imports from (launch.snapshot); "": src
         self.max_requeues = max_requeues
         self.environ = dict(environ or {})  # set in the task before the engine starts
 
     def __call__(self) -> int:
         os.environ.update(self.environ)
-        os.chdir(self.src)
-        if self.src not in sys.path:
-            sys.path.insert(0, self.src)
+        os.chdir(self.src)  # relative paths (run.root, data.root) mean the checkout's
+        if (code := self.code or self.src) not in sys.path:
+            sys.path.insert(0, code)
         from engine.cli import main  # start-up time: the engine pulls torch; only the job needs it
 
         return self.finish(main([self.recipe, *self.args]))
@@ -115,7 +117,7 @@ def requeue(job_id: str) -> None:
 
 
 def setup_lines(req: Request) -> list[str]:
-    lines = list(req.slurm.setup)
+    lines = [*req.slurm.setup, *render.code_exports(req)]
     if req.slurm.cpus_per_task:  # srun does not inherit --cpus-per-task (Slurm >= 22.05)
         lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')
     return lines
@@ -152,7 +154,8 @@ class Executor(submitit.SlurmExecutor):
 def engine_job(req: Request, environ: dict[str, str] | None = None) -> EngineJob:
     # engine_args()[0] is the recipe; run.name is in the args, so a requeue keeps the run.
     args = render.engine_args(req)[1:]
-    return EngineJob(req.recipe, args, req.src, req.slurm.max_requeues, environ)
+    code = render.code_environment(req).get("PYTHONPATH", "")
+    return EngineJob(req.recipe, args, req.src, req.slurm.max_requeues, environ, code)
 
 
 def executor(req: Request, folder: Path, **extra: Any) -> Executor:
@@ -288,7 +291,13 @@ def submit(req: Request) -> int:
     require_sbatch()
     folder = job_folder(req)
     ex = executor(req, folder)
-    job = submitted(lambda: ex.submit(engine_job(req)), Path(req.src) / req.run_dir)
+
+    def queue():
+        if req.code:  # under the run directory: a refused submission removes it too
+            snapshot.take(req)
+        return ex.submit(engine_job(req))
+
+    job = submitted(queue, Path(req.src) / req.run_dir)
     print(describe(job, req))
     return 0
 
@@ -305,4 +314,10 @@ def submit_array(
     require_sbatch()
     ex = executor(reqs[0], folder, job_name=name, **array_limit(parallel))
     jobs = [engine_job(r, environ) for r in reqs]
-    return submitted(lambda: ex.submit_array(jobs), folder.parent)  # the sweep's folder
+
+    def queue():
+        if reqs[0].code:  # one snapshot for the array
+            snapshot.take(reqs[0])
+        return ex.submit_array(jobs)
+
+    return submitted(queue, folder.parent)  # the sweep's folder

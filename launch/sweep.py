@@ -20,6 +20,7 @@ is refused in one line naming the difference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import os
@@ -36,7 +37,7 @@ from typing import Any
 from engine.redact import redact
 from engine.rundir import decide_run_dir
 from launch import cells as C
-from launch import check, compare, grid, render, report, request, stats
+from launch import check, compare, grid, render, report, request, snapshot, stats
 from launch.cells import Cell, Member
 from launch.errors import UserError
 from launch.render import Request
@@ -370,11 +371,18 @@ def run_local(
 # ---------------------------------------------------------------- SLURM
 
 
+def code_of_the_array(plan: Plan, todo: list[Planned]) -> list[Request]:
+    """Each member's request with the one snapshot of the code the array runs from, in the
+    sweep's folder (launch.snapshot)."""
+    first = snapshot.attach(todo[0].req, str(plan.folder))
+    return [dataclasses.replace(p.req, code=first.code) for p in todo]
+
+
 def run_slurm(
     plan: Plan, todo: list[Planned], record: dict, environ: dict[str, str], wait: bool
 ) -> None:
     slurm = check.slurm_support()
-    reqs = [p.req for p in todo]
+    reqs = code_of_the_array(plan, todo)
     jobs = slurm.submit_array(reqs, plan.folder / "slurm", plan.name, environ, plan.parallel)
     for r, job in zip(reqs, jobs, strict=True):
         record["attempts"][r.run_name] = {
@@ -481,7 +489,7 @@ def dry_run(plan: Plan) -> int:
         print(f"# sweep {plan.name}: every member is finished or queued; nothing to run")
     elif plan.slurm:  # the one job array submitit would submit
         slurm = check.slurm_support()
-        reqs = [p.req for p in todo]
+        reqs = code_of_the_array(plan, todo)
         print(slurm.dry_run(reqs, plan.folder / "slurm", plan.name, plan.parallel), end="")
     else:
         for p in todo:

@@ -73,12 +73,13 @@ def run_engine(
     env=None,
     recipe: str = "digits",
     variant: str = "",
+    cwd: Path = REPO,
 ):
     cmd = prefix or [sys.executable, "-m", "engine.train"]
     head = [recipe, *(["--config", variant] if variant else [])]
     args = [*cmd, *head, *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
     out = subprocess.run(
-        args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or engine_env()
+        args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or engine_env()
     )
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr[-4000:]}")
@@ -159,7 +160,15 @@ def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
     return run_id, rows
 
 
-TORCH_FREE_ENGINE = ("config", "catalog.py", "rundir.py", "results.py", "redact.py", "preempt.py")
+TORCH_FREE_ENGINE = (
+    "config",
+    "catalog.py",
+    "rundir.py",
+    "results.py",
+    "redact.py",
+    "preempt.py",
+    "codeid.py",
+)
 
 
 def copy_torch_free_engine(root: Path) -> None:
@@ -178,6 +187,30 @@ def copy_torch_free_engine(root: Path) -> None:
             )
         else:
             shutil.copy(source, root / "engine" / source.name)
+
+
+def git(repo: Path, *args: str) -> str:
+    """git in repo as a test's author; its output."""
+    who = ["-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    done = subprocess.run(["git", *who, *args], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def git_checkout(dest: Path) -> Path:
+    """A git repository of its own holding this checkout's code as it is now (uncommitted
+    changes included, in one commit): for tests that change the code under a run."""
+    import shutil
+
+    from launch import snapshot
+
+    for name in snapshot.files(REPO):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dest / name, follow_symlinks=False)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "base")
+    return dest
 
 
 def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:

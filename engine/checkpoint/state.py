@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import checkpoint as ckpt
+from engine import codeid
 from engine import config as C
 from engine import distributed as D
 from engine.checkpoint import best
@@ -81,12 +82,33 @@ def weights_only(path: Path) -> C.ConfigError:
 
 
 def check_resumable(
-    cfg: C.Config, recipe: Recipe, strategy: Strategy, source: tuple[Path, dict], is_main: bool
+    cfg: C.Config,
+    recipe: Recipe,
+    strategy: Strategy,
+    source: tuple[Path, dict],
+    is_main: bool,
+    code: dict,
 ) -> None:
-    """Before any weights load: the config continues the same run, and the checkpoint's
-    format suits the strategy."""
+    """Before any weights load: the config and the code continue the same run, and the
+    checkpoint's format suits the strategy."""
     check_config_drift(cfg, recipe, source, is_main)
+    check_code(cfg, source, code)
     check_format(strategy, source[0])
+
+
+def check_code(cfg: C.Config, source: tuple[Path, dict], code: dict) -> None:
+    """The code is the largest part of a request: a resume over other code (a new commit, a
+    git pull, other uncommitted changes) would continue the run with another program, so it
+    is refused unless run.allow_code_change says so (then recorded, engine.setup)."""
+    saved = source[1].get("code")
+    if saved is None or cfg.run.allow_code_change or codeid.same_code(saved, code):
+        return  # None: a checkpoint written before checkpoints named their code
+    raise C.ConfigError(
+        f"checkpoint {source[0]} was written by other code ({codeid.difference(saved, code)}); "
+        f"resuming would continue the run with another program: run the code it was "
+        f"written with (git checkout {(saved.get('commit') or '?')[:12]}), or set "
+        "run.allow_code_change=true to continue anyway (the change is recorded)"
+    )
 
 
 def check_config_drift(
@@ -188,6 +210,7 @@ def meta(run: Run, rngs: list) -> dict:
         "best": st.best,
         "config": redact(run.cfg.to_dict()),  # never a pasted credential
         "init": run.init_record,  # the first weights' file, recorded again by a resumed run
+        "code": run.code,  # what a resume compares its own code with
     }
 
 

@@ -28,6 +28,9 @@ class RunConfig:
     # resume=none on a run directory that holds a run: move its contents aside into
     # <name>.replaced-<time> and start afresh (without it, such a launch is refused).
     overwrite: bool = False
+    # resume a checkpoint written by other code (another commit or other uncommitted
+    # changes): refused unless true; the change is recorded in metrics.jsonl
+    allow_code_change: bool = False
 
 
 @dataclass

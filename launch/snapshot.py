@@ -1,0 +1,97 @@
+"""A snapshot of the code per submission: a job that waits in the queue, or is requeued a week
+later, runs the code as it was when it was submitted, not whatever the checkout holds by then.
+
+At submission the checkout's files (tracked ones as they are now, uncommitted changes
+included, and untracked ones git does not ignore: never data, runs or venvs) are copied,
+read-only, to `<run dir>/code/<commit>[-<changes>]/` with their identity in CODE.json
+(engine.codeid). The job keeps the checkout as its working directory, so relative paths
+(run.root, data.root) mean what they meant, and imports only the snapshot: PYTHONPATH names
+it and PYTHONSAFEPATH keeps the working directory off sys.path, in every process the job
+starts (submitit's, srun's tasks, torchrun's workers). The default data root follows the
+checkout through RECIPES_DATA. A later submission of other code gets a folder of its own: a
+job still queued with the earlier snapshot is never changed under it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import posixpath
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+from engine import codeid
+from launch.render import Request
+
+FOLDER = "code"
+# Without git (a copy of the checkout): the code's own folders and files.
+CODE_PATHS = ("engine", "launch", "recipes", "bench", "pyproject.toml", "requirements.lock")
+SKIPPED = ("__pycache__", ".pyc")
+
+
+def name_of(code: dict) -> str:
+    """<commit 12>, or <commit 12>-<changes 8> for a checkout with uncommitted changes."""
+    commit = (code.get("commit") or "nogit")[:12]
+    changes = code.get("diff_sha256")
+    return f"{commit}-{changes[:8]}" if changes else commit
+
+
+def attach(req: Request, base: str | None = None) -> Request:
+    """The request with the snapshot it runs from: `<base>/code/<name>`, base being its run
+    directory (or a sweep's folder), relative to the checkout or absolute. Only reads git: a
+    dry run shows the folder a submission would write."""
+    base = req.run_dir if base is None else base
+    folder = posixpath.join(base, FOLDER, name_of(codeid.identity(Path(req.src))))
+    return dataclasses.replace(req, code=folder)
+
+
+def files(src: Path) -> list[str]:
+    """The checkout's files to copy, relative to it."""
+    if codeid.is_checkout(src):
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=src,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        names = [n for n in out.split("\0") if n]
+    else:
+        names = [
+            str(p.relative_to(src))
+            for top in CODE_PATHS
+            for p in ([src / top] if (src / top).is_file() else sorted((src / top).rglob("*")))
+        ]
+    keep = (n for n in names if not any(part in n for part in SKIPPED))
+    return sorted(n for n in keep if (src / n).is_file() or (src / n).is_symlink())
+
+
+def take(req: Request) -> Path:
+    """Copies the checkout to the request's snapshot folder (once: the same code, the same
+    folder) and returns it. Written under a temporary name and renamed, so a folder that
+    exists is whole."""
+    src = Path(req.src)
+    dest = src / req.code
+    if (dest / codeid.RECORD).is_file():
+        return dest
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    identity = codeid.identity(src)
+    for name in files(src):
+        target = partial / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / name, target, follow_symlinks=False)
+    record = identity | {"snapshot_of": str(src), "taken": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (partial / codeid.RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    read_only(partial)
+    partial.rename(dest)
+    return dest
+
+
+def read_only(folder: Path) -> None:
+    """Files read-only: an edit meant for the checkout cannot land in a job's code."""
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
