@@ -1,0 +1,50 @@
+"""A job runs the code it was submitted with (launch.snapshot): held in the queue while the
+checkout changes under it, released, preempted and requeued, it trains and resumes from its
+snapshot, and names that code in env.json and its checkpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from engine import codeid
+from tests import helpers
+from tests.helpers import git_checkout
+from tests.slurm.test_launch_slurm import PREEMPTIBLE, preempt, stop_and_resume_steps
+
+BROKEN = 'raise SystemExit("the checkout\'s code ran, not the snapshot")\n'
+
+
+def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm_cluster, tmp_path):
+    repo, root = git_checkout(tmp_path / "repo"), tmp_path / "runs"
+    submitted_code = codeid.identity(repo)
+    args = f"{PREEMPTIBLE} log.wandb=off run.root={root} run.name=held"
+    done = helpers.launch("submit", cwd=repo, GPUS="0", ARGS=args, SBATCH_HOLD="1")
+    assert done.returncode == 0, done.stderr
+    job = re.search(r"submitted job (\d+)", done.stdout)[1]
+    slurm_cluster.submitted.append(job)
+    info = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
+    assert "JobState=PENDING" in info and "Reason=JobHeldUser" in info, info
+
+    for module in ("engine/train.py", "launch/slurm.py"):  # the checkout moves on meanwhile
+        path = repo / module
+        path.write_text(BROKEN + path.read_text())
+    assert slurm_cluster.run("scontrol", "release", job).returncode == 0
+
+    run = root / "digits" / "held"
+    log = run / "slurm" / f"{job}_0_log.err"
+    preempt(slurm_cluster, job, log)
+    result = slurm_cluster.wait(job, timeout=300)
+    text = log.read_text()
+    assert (result.state, result.exit_code, result.restarts) == ("COMPLETED", 0, 1), text[-3000:]
+    stopped, resumed = stop_and_resume_steps(text)  # the requeue resumed: the same code
+    assert stopped == resumed
+    assert "the checkout's code ran" not in text
+
+    (snapshot,) = (run / "code").iterdir()
+    recorded = json.loads((snapshot / codeid.RECORD).read_text())
+    assert codeid.same_code(recorded, submitted_code) and recorded["dirty"] is False
+    env = json.loads((run / "env.json").read_text())
+    assert codeid.same_code(env["code"], submitted_code), env["code"]
+    assert codeid.same_code(helpers.final_checkpoint(root, "held")["code"], submitted_code)
+    assert not codeid.same_code(codeid.identity(repo), submitted_code)  # the checkout's differs
