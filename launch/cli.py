@@ -219,13 +219,15 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -> Request:
     """The request a run target renders: make eval's with the run's config and its flags, a
-    batch script's with the snapshot of the code it will run (it runs later)."""
+    batch script's and pyxis's srun's with the snapshot of the code they run when SLURM
+    starts them."""
     if args.command == "eval":
         args = with_run_config(args, env)
     req = request.resolve(args, env, target=target)
     if args.command == "eval":
         req = dataclasses.replace(req, engine_flags=eval_flags(env))
-    return snapshot.attach(req) if target == "sbatch" else req
+    queued = target in ("sbatch", "pyxis")  # may wait for SLURM: runs a snapshot of the code
+    return snapshot.attach(req) if queued else req
 
 
 def with_run_config(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:

@@ -302,12 +302,28 @@ def pyxis(req: Request) -> list[str]:
         f"--container-image={req.image}",
         f"--container-mounts={mounts}",
         f"--container-workdir={WORKDIR}",
-        f"--export=ALL,RECIPES_DATA={DATA_MOUNT}",
+        f"--export={','.join(['ALL', f'RECIPES_DATA={DATA_MOUNT}', *container_code_env(req)])}",
         "python",
         "-m",
         "engine.train",
         *engine_args(req),
     ]
+
+
+def container_code_env(req: Request) -> list[str]:
+    """NAME=value items that make a container import the job's snapshot of the code, found
+    through the mounts (it lies in the run directory); none without a snapshot."""
+    if not req.code:
+        return []
+    host = posixpath.normpath(_host(req, req.code))
+    for outside, inside in reversed(_mounts(req)):  # the runs mount before the checkout's
+        rel = posixpath.relpath(host, posixpath.normpath(outside))
+        if rel != ".." and not rel.startswith("../"):
+            path = posixpath.normpath(posixpath.join(inside, rel))
+            if "," in path:
+                raise ValueError(f"the code snapshot's path cannot contain a comma: {path!r}")
+            return [f"PYTHONPATH={path}", "PYTHONSAFEPATH=1"]
+    raise ValueError(f"the code snapshot {host} is outside every mount of the container")
 
 
 def apptainer(req: Request) -> list[str]:

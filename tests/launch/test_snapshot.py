@@ -4,6 +4,7 @@ checkout. The queued and requeued jobs on the real cluster: tests/slurm/test_sna
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -121,3 +122,19 @@ def test_a_dry_run_names_the_snapshot_and_writes_none_a_batch_script_writes_it(t
     assert done.returncode == 0, done.stderr
     assert f"export PYTHONPATH={folder}" in done.stdout.splitlines()
     assert codeid.same_code(codeid.identity(folder), codeid.identity(helpers.REPO))
+
+
+@pytest.mark.parametrize(
+    ("run_root", "inside"),
+    [
+        ("runs", "/workspace/runs/digits/p/code/c0"),
+        ("/scratch/runs", "/scratch/runs/digits/p/code/c0"),
+    ],
+)
+def test_pyxis_s_container_imports_the_snapshot_through_its_mounts(run_root, inside):
+    base = Request(recipe="digits", run_name="p", src="/ck", run_root=run_root)
+    req = dataclasses.replace(base, code=f"{base.run_dir}/code/c0")
+    (export,) = [a for a in render.pyxis(req) if a.startswith("--export=")]
+    assert export.split(",")[2:] == [f"PYTHONPATH={inside}", "PYTHONSAFEPATH=1"]
+    (without,) = [a for a in render.pyxis(base) if a.startswith("--export=")]
+    assert "PYTHONPATH" not in without
