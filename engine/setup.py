@@ -98,7 +98,7 @@ def setup(
     seed_process(cfg.seed, denv.rank)
     data = build_datasets(cfg, recipe)
     model = weights.build(recipe, cfg.model)
-    code = codeid.identity()
+    code = D.broadcast_object(D.on_main(codeid.identity))  # git once, not on every rank
     source = resume_source(cfg, run_dir)
     if source:
         check_resumable(cfg, recipe, strategy, source, denv.is_main, code)

@@ -63,7 +63,8 @@ class EngineJob(submitit.helpers.Checkpointable):
     def __call__(self) -> int:
         os.environ.update(self.environ)
         os.chdir(self.src)  # relative paths (run.root, data.root) mean the checkout's
-        if (code := self.code or self.src) not in sys.path:
+        # getattr: a job pickled before jobs named their code, requeued after an update
+        if (code := getattr(self, "code", "") or self.src) not in sys.path:
             sys.path.insert(0, code)
         from engine.cli import main  # start-up time: the engine pulls torch; only the job needs it
 
@@ -271,6 +272,9 @@ def submitted(submit_call, run_dir: Path):
     except (OSError, subprocess.SubprocessError) as err:
         undo()
         raise UserError(f"sbatch could not run: {err}; nothing was queued", code=1) from None
+    except UserError:  # the code could not be snapshot
+        undo()
+        raise
 
 
 def describe(job: Any, req: Request) -> str:

@@ -24,12 +24,16 @@ import time
 from pathlib import Path
 
 from engine import codeid
+from launch.errors import UserError
 from launch.render import Request
 
 FOLDER = "code"
 # Without git (a copy of the checkout): the code's own folders and files.
 CODE_PATHS = ("engine", "launch", "recipes", "bench", "pyproject.toml", "requirements.lock")
 SKIPPED = ("__pycache__", ".pyc")
+# A copy per submission on a shared filesystem: code is a few MB; more means a dataset or
+# checkpoints sit in the checkout where git neither tracks nor ignores them.
+MAX_BYTES = 200 * 2**20
 
 
 def name_of(code: dict) -> str:
@@ -79,7 +83,9 @@ def take(req: Request) -> Path:
     partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     identity = codeid.identity(src)
-    for name in files(src):
+    names = files(src)
+    check_size(src, names)
+    for name in names:
         target = partial / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / name, target, follow_symlinks=False)
@@ -88,6 +94,19 @@ def take(req: Request) -> Path:
     read_only(partial)
     partial.rename(dest)
     return dest
+
+
+def check_size(src: Path, names: list[str]) -> None:
+    sizes = {n: (src / n).lstat().st_size for n in names}
+    if sum(sizes.values()) <= MAX_BYTES:
+        return
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+    listed = ", ".join(f"{n} ({sizes[n] / 2**20:.0f} MB)" for n in largest)
+    raise UserError(
+        f"the code to snapshot for this job is {sum(sizes.values()) / 2**20:.0f} MB, over "
+        f"{MAX_BYTES // 2**20} MB (largest: {listed}); move data and checkpoints under data/ "
+        "or runs/, or add them to .gitignore; nothing was queued"
+    )
 
 
 def read_only(folder: Path) -> None:

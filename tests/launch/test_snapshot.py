@@ -14,6 +14,7 @@ import pytest
 
 from engine import codeid
 from launch import render, snapshot
+from launch.errors import UserError
 from launch.render import Request
 from tests import helpers
 from tests.helpers import git, git_checkout
@@ -138,3 +139,15 @@ def test_pyxis_s_container_imports_the_snapshot_through_its_mounts(run_root, ins
     assert export.split(",")[2:] == [f"PYTHONPATH={inside}", "PYTHONSAFEPATH=1"]
     (without,) = [a for a in render.pyxis(base) if a.startswith("--export=")]
     assert "PYTHONPATH" not in without
+
+
+def test_a_checkout_holding_a_dataset_git_does_not_ignore_is_refused_in_one_line(repo, monkeypatch):
+    monkeypatch.setattr(snapshot, "MAX_BYTES", 2**20)
+    big = repo / "stray_dataset.bin"
+    big.write_bytes(b"\0" * 2**21)
+    try:
+        with pytest.raises(UserError, match=r"largest: stray_dataset\.bin \(2 MB\).*\.gitignore"):
+            snapshot.take(request(repo, "big"))
+    finally:
+        big.unlink()
+    assert not (repo / "runs" / "digits" / "big").exists()
