@@ -9,7 +9,7 @@
 # launch's defaults: RECIPE digits, NODES 1, PROCS 1; GPUS: this machine's for train, the
 # recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
-export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT RUN FOLLOW
 
 PYTHON ?= python3
 # make test and test-fast spread test modules over this many pytest-xdist workers (both
@@ -20,7 +20,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare report export bench lint dry-run venv lock clean
+.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare report export bench lint dry-run venv lock clean status logs cancel
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -72,6 +72,21 @@ sweep: $(STAMP)
 #   make compare RUNS="runs/digits/a-* runs/digits/b-*"
 compare: $(STAMP)
 	@$(PY) -m launch compare
+
+# Watching runs, local or under SLURM: one line per run (state, SLURM job, nodes, step, last
+# evaluation, last log line; RUNS= run dirs or patterns, default runs/<RECIPE or any>/*), the
+# last lines of a run's log (FOLLOW=1: until it ends), and a stop with a checkpoint:
+#   make status [RECIPE=digits] [RUNS="runs/digits/lr-*"]
+#   make logs RUN=runs/digits/NAME [FOLLOW=1]
+#   make cancel RUN=runs/digits/NAME
+status: $(STAMP)
+	@$(PY) -m launch status
+
+logs: $(STAMP)
+	@$(PY) -m launch logs
+
+cancel: $(STAMP)
+	@$(PY) -m launch cancel
 
 # A chart and a Markdown summary of run directories, beside them: make report RUNS="runs/digits/a runs/digits/b"
 report: $(STAMP)

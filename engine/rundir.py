@@ -21,6 +21,12 @@ from pathlib import Path
 from engine.config import ConfigError
 
 LOCK_NAME = ".lock"
+# What launch's status, logs and cancel read: how the run's latest start stands (rank 0 writes
+# it as training starts and as it ends: engine.train), rank 0's log lines (engine.tracking),
+# and the mark `make cancel` leaves before it signals the run.
+STATE_NAME = "state.json"
+LOG_NAME = "train.log"
+STOP_NAME = "stop_requested"
 TEMP_GLOB = ".step-*.tmp"  # checkpoint.atomic_save's partial files
 PARTIAL_DIR_GLOBS = (".step-*.partial", ".step-*.old")  # checkpoint.sharded's directories
 
@@ -85,6 +91,31 @@ def _describe(holder_text: str) -> str:
         return f"host {h['host']}, pid {h['pid']}{job}, since {h['since']}"
     except (ValueError, KeyError, TypeError):
         return "a process that left no description"
+
+
+def lock_holder(run_dir: Path) -> tuple[bool, dict]:
+    """(whether a live process holds the run's lock, the description its last holder wrote;
+    {} for none). A probe: a shared lock taken and dropped at once, so a launch starting in
+    that instant would be refused as if the run were live (a window of microseconds)."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False, {}
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            held = False
+        except BlockingIOError:
+            held = True
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
+    finally:
+        os.close(fd)
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        holder = {}
+    return held, holder if isinstance(holder, dict) else {}
 
 
 def acquire(run_dir: Path) -> int:

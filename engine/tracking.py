@@ -446,7 +446,31 @@ class NullTracker:
 
 
 def log(message: str) -> None:
-    print(redact(message), file=sys.stderr, flush=True)
+    text = redact(message)
+    print(text, file=sys.stderr, flush=True)
+    to_log_file(text)
+
+
+# Rank 0's copy of its log lines while it holds its run directory: <run dir>/train.log.
+_LOG_FILE: list[Path] = []
+
+
+def log_to(path: Path | None) -> None:
+    """From now on every log() line also goes to `path` (appended: a resumed run continues
+    its log); None: no longer. Where a local run's `make logs` reads; under SLURM the job's
+    output files hold the same lines and those of the other ranks."""
+    _LOG_FILE[:] = [path] if path is not None else []
+
+
+def to_log_file(text: str) -> None:
+    """A line for the run's log file alone (what reached stderr another way). A file that
+    cannot be written is given up silently: the run's own writes report a full disk."""
+    for path in list(_LOG_FILE):
+        try:
+            with path.open("a") as f:
+                f.write(text + "\n")
+        except OSError:
+            _LOG_FILE.clear()
 
 
 class Progress:
@@ -465,21 +489,24 @@ class Progress:
         self.started = time.perf_counter()
 
     def update(self, step: int, record: dict[str, Any] | None) -> None:
+        # A train record's epoch is the epochs completed before its step: the step's own
+        # epoch, counted from 1 as the evaluation lines count, is one more.
+        line = record and (
+            f"step {step}/{self.total} epoch {record['epoch'] + 1} loss {record['loss']:.4f} "
+            f"lr {record['lr']:.4g} {record['samples_per_s']:.0f} samples/s"
+        )
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             if record:
                 self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.3g}")
+                to_log_file(line)  # the bar is for the terminal; the log keeps the line
         elif self.style == "plain" and record:
-            # A train record's epoch is the epochs completed before its step: the step's own
-            # epoch, counted from 1 as the evaluation lines count, is one more.
-            log(
-                f"step {step}/{self.total} epoch {record['epoch'] + 1} loss {record['loss']:.4f} "
-                f"lr {record['lr']:.4g} {record['samples_per_s']:.0f} samples/s"
-            )
+            log(line)
 
     def message(self, text: str) -> None:
         if self.bar is not None:
             self.bar.write(redact(text), file=sys.stderr)
+            to_log_file(redact(text))
         elif self.style != "off":
             log(text)
 

@@ -26,12 +26,13 @@ from engine.evaluate import metric_names, run_eval
 from engine.faults import RunError, inject_after_step, slow_data
 from engine.meter import Meter
 from engine.recipe import Recipe
+from engine.redact import redact
 from engine.results import summary_name, task_facts
 from engine.run import Run
 from engine.seeding import set_deterministic
 from engine.setup import setup
 from engine.tasks import check_supported
-from engine.tracking import Progress, log
+from engine.tracking import Progress, log, log_to, to_log_file
 
 PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset")
 
@@ -299,13 +300,15 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
         if done is not None:
             return 0
         run = setup(cfg, recipe, denv, device)
+        record_state(run, "running")
         reason = fit_or_explain(run)
-        flush_bad_count(run)
-        if denv.is_main:
-            finish(run, reason, time.perf_counter() - started)
-        run.tracker.close()
-        return preempt.EXIT_PREEMPTED if reason == "preempted" else 0
+        return conclude(run, reason, time.perf_counter() - started)
+    except BaseException as err:
+        if lock is not None:  # rank 0, holding the run directory
+            record_failure(run, rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name), err)
+        raise
     finally:
+        log_to(None)
         if run is not None:
             run.close()  # the lock with it
         elif lock is not None:
@@ -320,6 +323,8 @@ def lock_run_dir(cfg: C.Config, denv: D.DistEnv) -> tuple[int | None, int | None
     second launch on a live run is refused first; set-up claims the same lock again."""
     run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
     lock = D.on_main(lambda: rundir.acquire(run_dir))
+    if lock is not None:
+        log_to(run_dir / rundir.LOG_NAME)  # rank 0's lines, from here on, in its train.log
     done = D.broadcast_object(finished_at(cfg, run_dir) if denv.is_main else None)
     if done is not None and denv.is_main:
         log(
@@ -376,6 +381,60 @@ def fit_or_explain(run: Run) -> str | None:
             "gradients, metrics, checkpoint or evaluation); a rank hung or died, see the "
             f"first failing rank's log. Rerun with run.name={run.cfg.run.name} to resume"
         ) from None
+
+
+def conclude(run: Run, reason: str | None, seconds: float) -> int:
+    """The end of a start that did not fail: the summary of a finished run, the state it
+    ended in, and the exit code (75: preempted, the checkpoint saved)."""
+    flush_bad_count(run)
+    if run.denv.is_main:
+        finish(run, reason, seconds)
+    run.tracker.close()
+    code = preempt.EXIT_PREEMPTED if reason == "preempted" else 0
+    record_state(run, "stopped" if reason else "finished", code, reason or "")
+    return code
+
+
+def record_state(run: Run, state: str, exit_code: int | None = None, why: str = "") -> None:
+    """Rank 0: state.json, how the run's latest start stands (running, finished, stopped,
+    failed), at which step of how many, with the exit code once it ended. `make status`
+    reads it; a process killed outright leaves `running` behind a lock no one holds."""
+    if why == "preempted":
+        why = f"preempted: {', '.join(preempt.received()) or 'a signal to another rank'}"
+    if run.denv.is_main:
+        write_state(run.run_dir, state, run.state.step, run.total_steps, exit_code, why)
+
+
+def write_state(
+    run_dir: Path, state: str, step: int, steps: int | None, exit_code: int | None, why: str
+) -> None:
+    facts = {"state": state, "step": step, "steps": steps, "time": round(time.time(), 3)}
+    if exit_code is not None:
+        facts |= {"exit_code": exit_code, "why": why}
+    ckpt.atomic_write_text(run_dir / rundir.STATE_NAME, json.dumps(facts) + "\n")
+
+
+def record_failure(run: Run | None, run_dir: Path, err: BaseException) -> None:
+    """Rank 0, on an error that ends its start: state.json says failed and why (a refused
+    fresh launch, which leaves no run behind, says nothing); the log file gets the line."""
+    if not rundir.holds_a_run(run_dir):
+        return
+    code = 2 if isinstance(err, C.ConfigError) else 130 if isinstance(err, KeyboardInterrupt) else 1
+    why = redact(one_line_of(err))
+    to_log_file(f"error: {why}")
+    step, steps = (run.state.step, run.total_steps) if run is not None else (0, None)
+    try:
+        write_state(run_dir, "failed", step, steps, code, why)
+    except OSError:
+        pass  # a full or read-only disk: the error that ends the run says so already
+
+
+def one_line_of(err: BaseException) -> str:
+    """The error as its message says it: the last line of a long one, a type for none."""
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    if isinstance(err, RunError | C.ConfigError) and lines:
+        return lines[-1]
+    return f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__
 
 
 def finish(run: Run, reason: str | None, seconds: float) -> None:

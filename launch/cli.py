@@ -24,6 +24,8 @@ Environment (all optional):
   the baseline cell, e.g. 'optim.lr=0.1')  PARALLEL (sweep under SLURM: array tasks at once)
   CKPT (eval: the checkpoint, run directory, export or weights file to score), EMA (eval: 1
   scores the averaged weights), OUT (eval: the result's file; default beside CKPT)
+  RUNS (status: run directories or patterns; default every run under runs/<RECIPE or any>/*)
+  RUN (logs, cancel: the run directory)  FOLLOW (logs: 1 follows the log until the run ends)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import check, compare, render, report, request, snapshot, sweep
+from launch import check, compare, render, report, request, snapshot, sweep, watch
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -61,6 +63,9 @@ COMMANDS = (
     "recipes",
     "report",
     "compare",
+    "status",
+    "logs",
+    "cancel",
 )
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
@@ -87,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given). "
         "sweep: every combination of comma-separated override values x SEEDS, e.g. "
         "sweep --seeds 3 -- optim.lr=0.05,0.1 run.name=lr; compare RUN_DIR...: runs grouped by "
-        "what differs, each group against the first by Welch's t-test.",
+        "what differs, each group against the first by Welch's t-test. status (env RUNS, "
+        "RECIPE): each run's state, job, step, evaluation and last log line; logs (env RUN, "
+        "FOLLOW=1): its last log lines; cancel (env RUN): stop it with a checkpoint.",
     )
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")
@@ -327,6 +334,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             return cmd_report(args, env)
         if args.command == "compare":
             return compare.main(args, env, dry=request.is_dry(args, env))
+        if args.command in ("status", "logs", "cancel"):
+            return watch.main(args, env)
         return cmd_run(args, env)
     except UserError as e:
         print(f"launch: {printable(str(e))}", file=sys.stderr)
