@@ -24,6 +24,9 @@ Environment (all optional):
   the baseline cell, e.g. 'optim.lr=0.1')  PARALLEL (sweep under SLURM: array tasks at once)
   CKPT (eval: the checkpoint, run directory, export or weights file to score), EMA (eval: 1
   scores the averaged weights), OUT (eval: the result's file; default beside CKPT)
+  REMOTE (user@login or ssh://user@host:port: submit, sweep and the watch commands run there
+  over ssh, the code copied first; launch.remote)  REMOTE_DIR (the folder there; required
+  with REMOTE)  REMOTE_PYTHON (.venv/bin/python in REMOTE_DIR)  REMOTE_SSH (ssh -o BatchMode=yes)
   RUNS (status: run directories or patterns; default every run under runs/<RECIPE or any>/*)
   RUN (logs, cancel: the run directory)  FOLLOW (logs: 1 follows the log until the run ends)
 """
@@ -43,7 +46,7 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import check, compare, render, report, request, snapshot, sweep, watch
+from launch import check, compare, remote, render, report, request, snapshot, sweep, watch
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -322,6 +325,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = parse_args(argv)
+        if remote.forwards(args, env):  # REMOTE=user@login: the same command there, over ssh
+            return remote.main(args, argv, env)
         if args.command == "submit":
             return cmd_submit(args, env)
         if args.command == "sweep":
