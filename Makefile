@@ -10,6 +10,10 @@
 # recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
 export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT RUN FOLLOW
+# From another machine: REMOTE=user@login REMOTE_DIR=recipes make submit (or sweep
+# TARGET=submit, status, logs, cancel) copies the code there and runs the same command over
+# ssh (README: "From your laptop"); REMOTE_PYTHON and REMOTE_SSH as launch/remote.py says.
+export REMOTE REMOTE_DIR REMOTE_PYTHON REMOTE_SSH
 
 PYTHON ?= python3
 # make test and test-fast spread test modules over this many pytest-xdist workers (both
