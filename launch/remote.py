@@ -48,7 +48,7 @@ RUNS_HERE = ("train", "eval", "dry-run", "docker-train", "image", "sif")
 # They only read the code, the same here as there: they run here.
 READS_CODE = ("render", "config", "recipes")
 # The remote script's own exit codes for what it found wrong (ssh's own is 255).
-NO_DIR, NO_PYTHON, A_CHECKOUT, COPY_FAILED = 3, 4, 5, 6
+NO_DIR, NO_PYTHON, A_CHECKOUT, COPY_FAILED, NO_CODE = 3, 4, 5, 6, 7
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Remote:
         return [*self.ssh, self.dest, script]
 
     def where(self) -> str:
-        return f"{self.dest}:{self.folder}"
+        return f"{self.folder} on {self.dest}"
 
 
 def forwards(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
@@ -123,8 +123,9 @@ def target(env: Mapping[str, str]) -> Remote:
 
 
 def forwarded(env: Mapping[str, str]) -> dict[str, str]:
-    """The request variables set here, to be set there."""
-    return {k: v for k, v in env.items() if k in FORWARDED or k.startswith(FORWARDED_PREFIXES)}
+    """The request variables set here (make exports the unset ones empty), to be set there."""
+    picked = (k for k in env if k in FORWARDED or k.startswith(FORWARDED_PREFIXES))
+    return {k: env[k] for k in picked if env[k]}
 
 
 def launch_script(remote: Remote, argv: list[str], env: Mapping[str, str]) -> str:
@@ -159,7 +160,8 @@ def prepare_script(remote: Remote, names: list[str]) -> str:
     found = f"test -x {python}" if "/" in remote.python else f"command -v {python} >/dev/null"
     check_python = f"{found} || exit {NO_PYTHON}"
     if not names:
-        return f"cd -- {folder} || exit {NO_DIR}; {check_python}"
+        has_code = f"test -f launch/__main__.py || exit {NO_CODE}"
+        return f"cd -- {folder} || exit {NO_DIR}; {has_code}; {check_python}"
     tops = sorted({n.split("/")[0] for n in names if "/" in n} | set(snapshot.CODE_PATHS))
     return (
         f"mkdir -p -- {folder} && cd -- {folder} || exit {NO_DIR}; test ! -e .git || exit {A_CHECKOUT}; "
@@ -179,6 +181,11 @@ def failure(remote: Remote, code: int, stderr: str) -> str:
         return (
             f"REMOTE_DIR={remote.folder} is not a folder on {remote.dest} ({said}); a submission "
             "without DRY_RUN makes it and copies the code there"
+        )
+    if code == NO_CODE:
+        return (
+            f"no code in {remote.where()} yet: a submission without DRY_RUN (make submit "
+            "REMOTE=...) copies it there"
         )
     if code == NO_PYTHON:
         return (

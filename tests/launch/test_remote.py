@@ -53,12 +53,20 @@ def there(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def with_code(there: dict[str, str]) -> Path:
+    """The remote folder, holding code as an earlier copy left it (launch/ alone, here)."""
+    folder = Path(there["REMOTE_DIR"])
+    (folder / "launch").mkdir(parents=True)
+    (folder / "launch" / "__main__.py").write_text("")
+    return folder
+
+
 def received(there: dict[str, str]) -> dict:
     return json.loads((Path(there["REMOTE_DIR"]) / "received.json").read_text())
 
 
 def test_hostile_values_arrive_as_they_were_set_and_nothing_runs(there, tmp_path):
-    Path(there["REMOTE_DIR"]).mkdir(parents=True)
+    with_code(there)
     marker = tmp_path / "pwned"
     hostile = {
         "ARGS": f'"; touch {marker}',
@@ -105,9 +113,8 @@ def test_submit_copies_the_code_and_this_checkout_s_identity_then_submits_there(
 
 
 def test_a_dry_run_prints_the_copy_and_the_ssh_command_then_the_remote_s_dry_run(there):
-    folder = Path(there["REMOTE_DIR"])
-    folder.mkdir(parents=True)
-    done = launch("submit", **there, DRY_RUN="1", GPUS="0")
+    folder = with_code(there)
+    done = launch("submit", **there, DRY_RUN="1", GPUS="0", NODES="")
     first, command, remote_out = done.stdout.splitlines()
     assert f"would copy {len(snapshot.files(REPO))} files (" in first
     words = shlex.split(command)
@@ -115,7 +122,8 @@ def test_a_dry_run_prints_the_copy_and_the_ssh_command_then_the_remote_s_dry_run
     assert words[4].startswith(f"cd -- {folder} && env REMOTE= DRY_RUN=1 GPUS=0 ")
     assert remote_out == "the remote's own output" and done.returncode == 7
     assert received(there)["env"]["DRY_RUN"] == "1"
-    assert sorted(p.name for p in folder.iterdir()) == ["received.json"]  # nothing copied
+    assert "NODES" not in received(there)["env"]  # make exports the unset ones empty
+    assert sorted(p.name for p in folder.rglob("*")) == ["__main__.py", "launch", "received.json"]
 
 
 def test_an_unreachable_host_is_one_line_naming_it_and_ssh_s_error(tmp_path):
@@ -150,7 +158,7 @@ def test_an_unreachable_host_is_one_line_naming_it_and_ssh_s_error(tmp_path):
     ],
 )
 def test_a_bad_remote_request_is_one_line_and_runs_nothing(there, env, command, says):
-    Path(there["REMOTE_DIR"]).mkdir(parents=True)
+    with_code(there)
     done = launch(command, **(there | env))
     assert done.returncode == 2 and done.stdout == "", done.stderr
     (line,) = done.stderr.splitlines()
@@ -163,6 +171,9 @@ def test_a_missing_folder_for_a_watch_command_is_one_line_and_made_by_no_one(the
     (line,) = done.stderr.splitlines()
     assert done.returncode == 2 and f"REMOTE_DIR={there['REMOTE_DIR']} is not a folder" in line
     assert not Path(there["REMOTE_DIR"]).exists()
+    Path(there["REMOTE_DIR"]).mkdir(parents=True)  # a folder, but no copy of the code yet
+    done = launch("status", **there, DRY_RUN="1")
+    assert done.returncode == 2 and "no code in" in done.stderr and "make submit" in done.stderr
 
 
 def test_commands_that_read_only_the_code_run_here():
