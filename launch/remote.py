@@ -188,10 +188,10 @@ def failure(remote: Remote, code: int, stderr: str) -> str:
             "REMOTE=...) copies it there"
         )
     if code == NO_PYTHON:
+        fix = shlex.quote(f"cd {shlex.quote(remote.folder)} && make venv")
         return (
             f"no {remote.python} in {remote.where()}: make it there once, ssh {remote.dest} "
-            f"'cd {remote.folder} && make venv' (the code is copied by make submit), or set "
-            "REMOTE_PYTHON"
+            f"{fix} (make submit copies the Makefile and the lock there), or set REMOTE_PYTHON"
         )
     if code == A_CHECKOUT:
         return (
