@@ -35,9 +35,10 @@ FUZZ = settings(
 
 
 def makefile_exports() -> list[str]:
-    """The request variables `make` hands to launch, read from the Makefile's export line."""
-    (line,) = [x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("export ")]
-    return line.split()[1:]
+    """The request variables `make` hands to launch, read from the Makefile's export lines;
+    not REMOTE*, which send a request over ssh (tests/launch/test_remote.py)."""
+    lines = [x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("export ")]
+    return [v for line in lines for v in line.split()[1:] if not v.startswith("REMOTE")]
 
 
 SLURM_VARS = [env for _, env in cli.SLURM_FLAGS.values()]
