@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from engine import hardware
 from engine.atomic import atomic_write_text
 from engine.config import ConfigError, LogConfig
 from engine.redact import redact
@@ -250,6 +251,7 @@ def environment(
             "device": str(device),
             "cuda_devices": devices,
             "cpu_threads": torch.get_num_threads(),
+            "hardware": hardware.facts(device),
             "argv": sys.argv,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         }
