@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import cells as C
-from launch import charts, grid, report, runs, stats
+from launch import charts, grid, hardware, report, runs, stats
 from launch.cells import Cell, Member
 from launch.errors import UserError, printable
 from launch.runs import Headline
@@ -165,6 +165,7 @@ def markdown(cells: list[Cell], rep: Report, chart: str | None) -> str:
     ]
     lines += [f"Command: `{rep.record['command']['make']}`"] if "command" in rep.record else []
     lines += [f"Git: {rep.record['git_text']}"] if "git_text" in rep.record else []
+    lines += ["", rep.record["hardware_note"]] if rep.record.get("hardware_note") else []
     lines += (
         ["", f"![Each cell's seeds and their mean with its 95% interval]({chart})"] if chart else []
     )
@@ -337,6 +338,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     members = [m for c in cells for m in c.members]
     headline = headline_of(members, {r.name: r.env for r in found})
     record = {"runs": [str(r.path) for r in found], "git_text": git_texts(found)}
+    record["hardware_note"] = hardware.note([hardware.of(r.env) for r in found])
     rep = Report(title_of(cells, keys), headline, record, keys, C.numeric_axis(cells))
     try:
         print(write(cells, rep, md, js, png), end="")

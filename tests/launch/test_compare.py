@@ -46,3 +46,35 @@ def test_runs_of_one_recipe_are_still_compared(tmp_path, capsys):
     assert code == 0, err
     assert "Comparison of 2 runs in 1 group" in out
     assert (tmp_path / "compare-a0+a1.md").is_file()
+
+
+def with_hardware(run: Path, **facts) -> Path:
+    """The run's env.json records the hardware engine.hardware writes (these fields)."""
+    hardware = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.14.1"} | facts
+    (run / "env.json").write_text(json.dumps({"hardware": hardware}))
+    return run
+
+
+def test_runs_on_different_hardware_get_one_note_naming_what_differs(tmp_path, capsys):
+    a = [with_hardware(make_run(tmp_path, f"a{s}", "digits", s, 0.5)) for s in range(2)]
+    b = [make_run(tmp_path, f"b{s}", "digits", s, 0.6) for s in range(2)]
+    with_hardware(b[0], cpu_capability="AVX2")  # b1 records none: an older run, unknown
+    code = cli.main(["compare", *map(str, a + b)], env={})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: these runs ran on different hardware (cpu_capability AVX512 vs AVX2; 1 of 4 "
+        "runs record no hardware (unknown)): bitwise equality is not expected, only "
+        "statistical agreement"
+    ]
+    saved = json.loads((tmp_path / "compare-a0+a1+b0+b1.json").read_text())
+    assert saved["hardware_note"] == notes[0]
+
+
+def test_runs_on_the_same_hardware_get_no_note(tmp_path, capsys):
+    a = [with_hardware(make_run(tmp_path, f"a{s}", "digits", s, 0.5 + s / 100)) for s in range(2)]
+    code = cli.main(["compare", *map(str, a)], env={})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "hardware" not in out
