@@ -48,7 +48,10 @@ RUNS_HERE = ("train", "eval", "dry-run", "docker-train", "image", "sif")
 # They only read the code, the same here as there: they run here.
 READS_CODE = ("render", "config", "recipes")
 # The remote script's own exit codes for what it found wrong (ssh's own is 255).
-NO_DIR, NO_PYTHON, A_CHECKOUT, COPY_FAILED, NO_CODE = 3, 4, 5, 6, 7
+NO_DIR, NO_PYTHON, A_CHECKOUT, COPY_FAILED, NO_CODE, NOT_OURS = 3, 4, 5, 6, 7, 8
+# What a folder may hold before its first copy: the copy removes its code folders (docs/,
+# tests/, ...), so a folder holding anything else (a home directory) is refused.
+BEFORE_A_COPY = "[.]venv|runs|data"
 
 
 @dataclass(frozen=True)
@@ -156,18 +159,26 @@ def prepare(remote: Remote, names: list[str]) -> None:
 
 
 def prepare_script(remote: Remote, names: list[str]) -> str:
+    """cd into the folder (made first for a copy), unpack the code from stdin into it, check
+    the python there; each failure exits with its own code."""
     folder, python = shlex.quote(remote.folder), shlex.quote(remote.python)
     found = f"test -x {python}" if "/" in remote.python else f"command -v {python} >/dev/null"
-    check_python = f"{found} || exit {NO_PYTHON}"
     if not names:
-        has_code = f"test -f launch/__main__.py || exit {NO_CODE}"
-        return f"cd -- {folder} || exit {NO_DIR}; {has_code}; {check_python}"
+        steps = [
+            f"cd -- {folder} || exit {NO_DIR}",
+            f"test -f launch/__main__.py || exit {NO_CODE}",
+        ]
+        return "; ".join([*steps, f"{found} || exit {NO_PYTHON}"])
     tops = sorted({n.split("/")[0] for n in names if "/" in n} | set(snapshot.CODE_PATHS))
-    return (
-        f"mkdir -p -- {folder} && cd -- {folder} || exit {NO_DIR}; test ! -e .git || exit {A_CHECKOUT}; "
-        f"rm -rf -- {shlex.join(tops)} && tar --no-same-owner -xzf - || exit {COPY_FAILED}; "
-        f"{check_python}"
-    )
+    others = f"\"$(ls -A | grep -vxE '{BEFORE_A_COPY}')\""
+    steps = [
+        f"mkdir -p -- {folder} && cd -- {folder} || exit {NO_DIR}",
+        f"test ! -e .git || exit {A_CHECKOUT}",
+        f"test -e {codeid.RECORD} || test -z {others} || exit {NOT_OURS}",
+        f"rm -rf -- {shlex.join(tops)} && tar --no-same-owner -xzf - || exit {COPY_FAILED}",
+        f"{found} || exit {NO_PYTHON}",
+    ]
+    return "; ".join(steps)
 
 
 def failure(remote: Remote, code: int, stderr: str) -> str:
@@ -197,6 +208,12 @@ def failure(remote: Remote, code: int, stderr: str) -> str:
         return (
             f"REMOTE_DIR={remote.folder} on {remote.dest} is a git checkout; the copy would "
             "overwrite its files: give a folder of its own"
+        )
+    if code == NOT_OURS:
+        return (
+            f"REMOTE_DIR={remote.folder} on {remote.dest} holds files no earlier copy put there "
+            f"(it has no {codeid.RECORD}), and the copy replaces its code folders: give a new "
+            "folder (or one holding only .venv, runs/ and data/)"
         )
     return f"copying the code to {remote.where()} failed (exit {code}): {said}"
 

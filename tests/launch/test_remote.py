@@ -93,7 +93,8 @@ def test_hostile_values_arrive_as_they_were_set_and_nothing_runs(there, tmp_path
 def test_submit_copies_the_code_and_this_checkout_s_identity_then_submits_there(there):
     folder = Path(there["REMOTE_DIR"])
     (folder / "engine").mkdir(parents=True)
-    (folder / "engine" / "deleted_here.py").write_text("stale\n")
+    (folder / "engine" / "deleted_here.py").write_text("stale\n")  # an earlier copy's
+    (folder / codeid.RECORD).write_text("{}")
     (folder / "runs" / "digits" / "old").mkdir(parents=True)
     identity = codeid.identity(REPO)
     done = launch("submit", **there, GPUS="0", ARGS="train.max_steps=3")
@@ -164,6 +165,21 @@ def test_a_bad_remote_request_is_one_line_and_runs_nothing(there, env, command, 
     (line,) = done.stderr.splitlines()
     assert line.startswith("launch: ") and says in line, line
     assert not (Path(there["REMOTE_DIR"]) / "received.json").exists()
+
+
+def test_a_folder_holding_files_of_its_own_is_refused_untouched(there):
+    folder = Path(there["REMOTE_DIR"])
+    (folder / "docs").mkdir(parents=True)  # a home directory, say
+    (folder / "docs" / "notes.txt").write_text("mine\n")
+    done = launch("submit", **there)
+    (line,) = done.stderr.splitlines()
+    assert done.returncode == 2 and "holds files no earlier copy put there" in line, line
+    assert sorted(p.name for p in folder.rglob("*")) == ["docs", "notes.txt"]
+    (folder / "docs" / "notes.txt").unlink()
+    (folder / "docs").rmdir()
+    for kept in (".venv", "runs", "data"):  # what a folder may hold before its first copy
+        (folder / kept).mkdir()
+    assert launch("submit", **there).returncode == 7
 
 
 def test_a_missing_folder_for_a_watch_command_is_one_line_and_made_by_no_one(there):
