@@ -24,7 +24,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare report export bench lint dry-run venv lock clean status logs cancel
+.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare reproduce report export bench lint dry-run venv lock clean status logs cancel
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -76,6 +76,12 @@ sweep: $(STAMP)
 #   make compare RUNS="runs/digits/a-* runs/digits/b-*"
 compare: $(STAMP)
 	@$(PY) -m launch compare
+
+# The results a recipe's README claims, rerun (under runs/reproduce/) and checked against
+# recipes/<RECIPE>/results.yaml: bit for bit on the hardware they were recorded on, else
+# the mean by Welch's t-test; exit 1 when they disagree:  make reproduce RECIPE=digits
+reproduce: $(STAMP)
+	@$(PY) -m launch reproduce
 
 # Watching runs, local or under SLURM: one line per run (state, SLURM job, nodes, step, last
 # evaluation, last log line; RUNS= run dirs or patterns, default runs/<RECIPE or any>/*), the

@@ -46,7 +46,18 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import check, compare, remote, render, report, request, snapshot, sweep, watch
+from launch import (
+    check,
+    compare,
+    remote,
+    render,
+    report,
+    reproduce,
+    request,
+    snapshot,
+    sweep,
+    watch,
+)
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -66,6 +77,7 @@ COMMANDS = (
     "recipes",
     "report",
     "compare",
+    "reproduce",
     "status",
     "logs",
     "cancel",
@@ -95,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given). "
         "sweep: every combination of comma-separated override values x SEEDS, e.g. "
         "sweep --seeds 3 -- optim.lr=0.05,0.1 run.name=lr; compare RUN_DIR...: runs grouped by "
-        "what differs, each group against the first by Welch's t-test. status (env RUNS, "
+        "what differs, each group against the first by Welch's t-test. reproduce (env RECIPE): "
+        "rerun the results recipes/<recipe>/results.yaml records and check them, bit for bit "
+        "on the recorded hardware, else by Welch's t-test. status (env RUNS, "
         "RECIPE): each run's state, job, step, evaluation and last log line; logs (env RUN, "
         "FOLLOW=1): its last log lines; cancel (env RUN): stop it with a checkpoint.",
     )
@@ -339,6 +353,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             return cmd_report(args, env)
         if args.command == "compare":
             return compare.main(args, env, dry=request.is_dry(args, env))
+        if args.command == "reproduce":
+            return reproduce.main(args, env)
         if args.command in ("status", "logs", "cancel"):
             return watch.main(args, env)
         return cmd_run(args, env)
