@@ -493,7 +493,7 @@ def cancel_job(run: Path, status: Status, slurm: Slurm) -> int:
             code=1,
         )
     mark_stop(run, {"job": status.job})
-    if status.state == "running":
+    if status.pid is not None:  # the engine holds the run: its stop handlers are in place
         # TERM alone: the engine checkpoints at the next step and exits 75; launch.slurm's
         # EngineJob requeues only after SIGUSR2, so the job ends. No kill after it.
         slurm.scancel("--signal=TERM", status.job)
@@ -501,9 +501,11 @@ def cancel_job(run: Path, status: Status, slurm: Slurm) -> int:
             f"asked SLURM job {status.job} to stop: it saves a checkpoint at the next step "
             f"boundary and ends; make status RUNS={run} will say stopped"
         )
-    else:
-        slurm.scancel(status.job)  # nothing runs yet: nothing to save
-        print(f"cancelled SLURM job {status.job} ({status.state}); make status says stopped")
+        return 0
+    # Queued, or started but its engine not yet holding the run (submitit's own handler
+    # would ignore a TERM then): nothing trained in this job yet, nothing to save.
+    slurm.scancel(status.job)
+    print(f"cancelled SLURM job {status.job} ({status.state}); make status says stopped")
     return 0
 
 

@@ -27,7 +27,8 @@ JOBS = {  # run name: (ARGS, request variables)
     "done": ("train.max_steps=4 log.every_steps=2", {"EXCLUDE": "node1"}),
     "broken": ("train.max_steps=40 log.every_steps=1 fault.raise_at_step=3", {}),
 }
-# Every CPU of both nodes: it waits behind `long`, and `scontrol uhold` (a user hold) keeps it waiting.
+# Every CPU of both nodes: it waits behind `long`, and `scontrol uhold` (a user hold) keeps
+# it waiting.
 HELD = ("train.max_steps=4", {"NODES": "2", "CPUS_PER_TASK": "2"})
 
 
@@ -161,3 +162,23 @@ def test_cancel_stops_a_running_job_with_a_checkpoint_and_a_queued_one(jobs, slu
     assert (again.returncode, again.stderr) == (
         2, f"launch: {run} is not running (stopped); nothing to stop\n",
     )  # fmt: skip
+
+
+def test_cancel_of_a_job_whose_engine_has_not_started_cancels_it_outright(slurm_cluster, tmp_path):
+    """Before the engine holds its run, submitit's handler would ignore a TERM: the job is
+    cancelled instead (nothing trained in it yet). A job that never reaches the engine
+    stands in for one that is still starting."""
+    run = tmp_path / "digits" / "starting"
+    (run / "slurm").mkdir(parents=True)
+    (run / "config.yaml").write_text("recipe: digits\n")
+    out = f"--output={run}/slurm/%j_0_log.out"
+    job = slurm_cluster.submit("#!/bin/bash\necho starting\nsleep 120\n", run, out)
+    assert slurm_cluster.wait_for_state(job, {"RUNNING"}) == "RUNNING"
+    wait_for_text(run / "slurm" / f"{job}_0_log.out", "starting")
+    found = rows(launch("status", RUNS=str(run)).stdout)
+    node = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+    assert found["starting"] == ["running", job, node, "0", "-", "starting"]
+    done = launch("cancel", RUN=str(run))
+    assert done.stdout == f"cancelled SLURM job {job} (running); make status says stopped\n"
+    assert slurm_cluster.wait(job, timeout=60).state == "CANCELLED"
+    assert rows(launch("status", RUNS=str(run)).stdout)["starting"][:2] == ["stopped", job]
