@@ -286,7 +286,8 @@ def describe(job: Any, req: Request) -> str:
             f"  run dir: {Path(req.src) / req.run_dir}",
             f"  stdout:  {job.paths.stdout}",
             f"  stderr:  {job.paths.stderr}",
-            f"  watch:   squeue -j {job.job_id}; tail -f {job.paths.stderr}",  # the engine logs there
+            f"  watch:   make status RUNS={req.run_dir}; make logs RUN={req.run_dir} FOLLOW=1",
+            f"  stop:    make cancel RUN={req.run_dir}  (a checkpoint, then the job ends)",
         ]
     )
 

@@ -194,8 +194,11 @@ def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys)
     assert "submitted job 4242" in out
     assert f"run dir: {tmp_path}/runs/digits/RUN" in out
     assert f"{tmp_path}/runs/digits/RUN/slurm/4242_0_log.out" in out
-    log = f"{tmp_path}/runs/digits/RUN/slurm/4242_0_log.err"  # the engine's log: stderr
-    assert f"watch:   squeue -j 4242; tail -f {log}\n" in out
+    assert f"{tmp_path}/runs/digits/RUN/slurm/4242_0_log.err" in out  # the engine's log
+    assert (
+        "watch:   make status RUNS=runs/digits/RUN; make logs RUN=runs/digits/RUN FOLLOW=1\n" in out
+    )
+    assert "stop:    make cancel RUN=runs/digits/RUN  (a checkpoint, then the job ends)\n" in out
 
 
 def test_array_of_seed_jobs_is_one_sbatch(fake_slurm_bin, tmp_path):
