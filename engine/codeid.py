@@ -15,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RECORD = "CODE.json"  # a snapshot's identity, written when it was taken
+IDENTITY = ("commit", "dirty", "diff_sha256")
 
 
 def _git(repo: Path, *args: str) -> bytes | None:
@@ -66,11 +67,13 @@ def from_git(repo: Path) -> dict | None:
 
 
 def identity(repo: Path = REPO) -> dict:
-    """{commit, dirty, diff_sha256} of the code in `repo` (a snapshot's also names where it
-    was taken from and when); an image without git names its commit in RECIPES_GIT_SHA."""
+    """{commit, dirty, diff_sha256} of the code in `repo` (a snapshot's CODE.json also names
+    where it was taken from and when); an image without git names its commit in
+    RECIPES_GIT_SHA."""
     record = repo / RECORD
-    if record.is_file():
-        return json.loads(record.read_text())
+    if record.is_file():  # the code's identity alone: where and when it was copied aside
+        saved = json.loads(record.read_text())
+        return {key: saved.get(key) for key in IDENTITY}
     found = from_git(repo)
     if found is not None:
         return found

@@ -50,7 +50,8 @@ def test_a_snapshot_holds_the_code_as_it_is_and_never_data_runs_or_venvs(repo):
     identity = codeid.identity(code)
     assert code == repo / "runs" / "digits" / "r" / "code" / snapshot.name_of(identity)
     assert identity["commit"] == git(repo, "rev-parse", "HEAD") and identity["dirty"]
-    assert identity["snapshot_of"] == str(repo)
+    assert json.loads((code / codeid.RECORD).read_text())["snapshot_of"] == str(repo)
+    assert set(identity) == {"commit", "dirty", "diff_sha256"}  # what runs record: no path
     assert (code / "engine" / "train.py").read_text().endswith("# test edit one\n")
     assert (code / "recipes" / "digits" / "untracked_helper.py").read_text() == "X = 1\n"
     assert not any((code / top).exists() for top in ("runs", "data", ".venv", ".git"))
@@ -93,7 +94,9 @@ def test_a_job_s_processes_import_the_snapshot_while_working_in_the_checkout(rep
     cwd, *modules, identity = json.loads(done.stdout)
     assert cwd == str(repo)  # relative run.root and data.root keep meaning the checkout's
     assert all(Path(m).is_relative_to(code) for m in modules), modules
-    assert identity == json.loads((code / codeid.RECORD).read_text())
+    assert identity == codeid.identity(code) and identity["commit"] == git(
+        repo, "rev-parse", "HEAD"
+    )
     assert render.code_environment(req)["RECIPES_DATA"] == str(repo / "data")
 
 

@@ -18,18 +18,23 @@ BROKEN = 'raise SystemExit("the checkout\'s code ran, not the snapshot")\n'
 def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm_cluster, tmp_path):
     repo, root = git_checkout(tmp_path / "repo"), tmp_path / "runs"
     submitted_code = codeid.identity(repo)
+    # Both nodes taken whole: the job submitted next waits in the queue behind this one.
+    blocker = slurm_cluster.run(
+        "sbatch", "--parsable", "--nodes=2", "--exclusive", "--wrap", "sleep 300"
+    ).stdout.strip()
+    slurm_cluster.submitted.append(blocker)
+    assert slurm_cluster.wait_for_state(blocker, {"RUNNING"}) == "RUNNING"
     args = f"{PREEMPTIBLE} log.wandb=off run.root={root} run.name=held"
-    done = helpers.launch("submit", cwd=repo, GPUS="0", ARGS=args, SBATCH_HOLD="1")
+    done = helpers.launch("submit", cwd=repo, GPUS="0", ARGS=args)
     assert done.returncode == 0, done.stderr
     job = re.search(r"submitted job (\d+)", done.stdout)[1]
     slurm_cluster.submitted.append(job)
-    info = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
-    assert "JobState=PENDING" in info and "Reason=JobHeldUser" in info, info
+    assert slurm_cluster.state(job) == "PENDING"
 
     for module in ("engine/train.py", "launch/slurm.py"):  # the checkout moves on meanwhile
         path = repo / module
         path.write_text(BROKEN + path.read_text())
-    assert slurm_cluster.run("scontrol", "release", job).returncode == 0
+    assert slurm_cluster.run("scancel", blocker).returncode == 0
 
     run = root / "digits" / "held"
     log = run / "slurm" / f"{job}_0_log.err"
