@@ -18,9 +18,16 @@ BROKEN = 'raise SystemExit("the checkout\'s code ran, not the snapshot")\n'
 def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm_cluster, tmp_path):
     repo, root = git_checkout(tmp_path / "repo"), tmp_path / "runs"
     submitted_code = codeid.identity(repo)
-    # Both nodes taken whole: the job submitted next waits in the queue behind this one.
+    # Both nodes taken whole: the job submitted next waits in the queue behind this one (its
+    # output outside the checkout: a new file there would change the code's identity).
     blocker = slurm_cluster.run(
-        "sbatch", "--parsable", "--nodes=2", "--exclusive", "--wrap", "sleep 300"
+        "sbatch",
+        "--parsable",
+        "--nodes=2",
+        "--exclusive",
+        f"--output={tmp_path}/blocker.out",
+        "--wrap",
+        "sleep 300",
     ).stdout.strip()
     slurm_cluster.submitted.append(blocker)
     assert slurm_cluster.wait_for_state(blocker, {"RUNNING"}) == "RUNNING"
