@@ -16,6 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RECORD = "CODE.json"  # a snapshot's identity, written when it was taken
 IDENTITY = ("commit", "dirty", "diff_sha256")
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini", ".sh", ".lock")
 
 
 def _git(repo: Path, *args: str) -> bytes | None:
@@ -34,9 +35,10 @@ def is_checkout(repo: Path) -> bool:
 
 
 def untracked(repo: Path) -> list[str]:
-    """Files git does not track and does not ignore (data, runs and venvs are ignored)."""
+    """Code git does not track yet (a new module, a new config), never what it ignores (data,
+    runs, venvs) nor files of other kinds (a job's slurm-N.out, notes): those change no run."""
     out = _git(repo, "ls-files", "-z", "--others", "--exclude-standard") or b""
-    return sorted(name for name in out.decode().split("\0") if name)
+    return sorted(n for n in out.decode().split("\0") if n.endswith(CODE_SUFFIXES))
 
 
 def diff_hash(repo: Path) -> str | None:

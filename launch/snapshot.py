@@ -2,7 +2,7 @@
 later, runs the code as it was when it was submitted, not whatever the checkout holds by then.
 
 At submission the checkout's files (tracked ones as they are now, uncommitted changes
-included, and untracked ones git does not ignore: never data, runs or venvs) are copied,
+included, and untracked code git does not ignore: never data, runs or venvs) are copied,
 read-only, to `<run dir>/code/<commit>[-<changes>]/` with their identity in CODE.json
 (engine.codeid). The job keeps the checkout as its working directory, so relative paths
 (run.root, data.root) mean what they meant, and imports only the snapshot: PYTHONPATH names
@@ -56,12 +56,9 @@ def files(src: Path) -> list[str]:
     """The checkout's files to copy, relative to it."""
     if codeid.is_checkout(src):
         out = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=src,
-            capture_output=True,
-            check=True,
+            ["git", "ls-files", "-z", "--cached"], cwd=src, capture_output=True, check=True
         ).stdout.decode()
-        names = [n for n in out.split("\0") if n]
+        names = [n for n in out.split("\0") if n] + codeid.untracked(src)
     else:
         names = [
             str(p.relative_to(src))

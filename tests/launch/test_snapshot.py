@@ -61,7 +61,13 @@ def test_a_snapshot_holds_the_code_as_it_is_and_never_data_runs_or_venvs(repo):
 def test_other_code_gets_a_folder_of_its_own_and_the_same_code_the_same(repo):
     first = snapshot.take(request(repo, "twice"))
     written = (first / codeid.RECORD).stat().st_mtime_ns
-    assert snapshot.take(request(repo, "twice")) == first  # the same code: reused as it is
+    stray = repo / "slurm-9.out"  # a job's output, not code: the same code all the same
+    stray.write_text("log")
+    try:
+        assert snapshot.take(request(repo, "twice")) == first  # reused as it is
+    finally:
+        stray.unlink()
+    assert not (first / "slurm-9.out").exists()
     assert (first / codeid.RECORD).stat().st_mtime_ns == written
     changed(repo, "two")
     try:
