@@ -152,10 +152,10 @@ def test_pyxis_s_container_imports_the_snapshot_through_its_mounts(run_root, ins
 
 def test_a_checkout_holding_a_dataset_git_does_not_ignore_is_refused_in_one_line(repo, monkeypatch):
     monkeypatch.setattr(snapshot, "MAX_BYTES", 2**20)
-    big = repo / "stray_dataset.bin"
+    big = repo / "stray_dataset.json"
     big.write_bytes(b"\0" * 2**21)
     try:
-        with pytest.raises(UserError, match=r"largest: stray_dataset\.bin \(2 MB\).*\.gitignore"):
+        with pytest.raises(UserError, match=r"largest: stray_dataset\.json \(2 MB\).*\.gitignore"):
             snapshot.take(request(repo, "big"))
     finally:
         big.unlink()
