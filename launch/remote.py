@@ -44,7 +44,7 @@ FORWARDED = (
 FORWARDED_PREFIXES = ("SBATCH_",)
 COPIES_CODE = ("submit", "sweep", "sbatch")
 # They train or build on this machine: refused with REMOTE rather than run here by surprise.
-RUNS_HERE = ("train", "eval", "dry-run", "docker-train", "image", "sif")
+RUNS_HERE = ("train", "eval", "dry-run", "docker-train", "image", "sif", "reproduce")
 # They only read the code, the same here as there: they run here.
 READS_CODE = ("render", "config", "recipes")
 # The remote script's own exit codes for what it found wrong (ssh's own is 255).

@@ -154,6 +154,7 @@ def test_an_unreachable_host_is_one_line_naming_it_and_ssh_s_error(tmp_path):
         ({"REMOTE": "-oProxyCommand=touch x"}, "status", "is not an ssh destination"),
         ({"REMOTE_SSH": "ssh -o 'unclosed"}, "status", "REMOTE_SSH cannot be split"),
         ({}, "train", "train runs on this machine, not over REMOTE=me@login"),
+        ({}, "reproduce", "reproduce runs on this machine, not over REMOTE=me@login"),
         ({}, "sweep", "add TARGET=submit"),
         ({"REMOTE_PYTHON": "no/such/python"}, "status", "make venv"),
     ],
