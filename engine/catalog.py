@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 LAUNCH_SECTIONS = ("run", "slurm")
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 REPO = RECIPES_DIR.parent
+# A recipe folder's YAML files that are not variants: the base config, and the results
+# `make reproduce` checks (a record of runs, not a config to train from).
+RESULTS_FILE = "results.yaml"
+NOT_VARIANTS = ("config", Path(RESULTS_FILE).stem)
 
 
 def available(folder: Path = RECIPES_DIR) -> list[str]:
@@ -52,9 +56,9 @@ def config_path(name: str, folder: Path = RECIPES_DIR) -> Path:
 
 
 def variants(name: str, folder: Path = RECIPES_DIR) -> list[str]:
-    """The recipe's named configs besides config.yaml, sorted."""
+    """The recipe's named configs besides config.yaml (and results.yaml), sorted."""
     recipe_dir = config_path(name, folder).parent
-    return sorted(p.stem for p in recipe_dir.glob("*.yaml") if p.stem != "config")
+    return sorted(p.stem for p in recipe_dir.glob("*.yaml") if p.stem not in NOT_VARIANTS)
 
 
 def variant_path(name: str, variant: str, folder: Path = RECIPES_DIR) -> Path:

@@ -27,11 +27,11 @@ from typing import Any
 
 import yaml
 
+from engine.catalog import RESULTS_FILE
 from launch import hardware, render, request, stats
 from launch.errors import UserError
 from launch.runs import read_json
 
-RESULTS = "results.yaml"
 RUN_ROOT = "runs/reproduce"
 
 
@@ -62,7 +62,7 @@ class Verdict:
 
 
 def results_path(recipe: str, env: Mapping[str, str]) -> Path:
-    return request.recipes_dir(env) / recipe / RESULTS
+    return request.recipes_dir(env) / recipe / RESULTS_FILE
 
 
 def load(recipe: str, env: Mapping[str, str]) -> Claims:

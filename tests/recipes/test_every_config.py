@@ -8,15 +8,13 @@ import json
 import pytest
 import yaml
 
-from engine.catalog import RECIPES_DIR, load_config
+from engine.catalog import available, load_config, variants
 from tests.helpers import cache_stand_in_weights, engine_env, records, run_dir, run_engine
 from tests.recipes.tiny_settings import tiny_overrides
 
 pytestmark = pytest.mark.slow
 
-CONFIGS = sorted(
-    (p.parent.name, "" if p.stem == "config" else p.stem) for p in RECIPES_DIR.glob("*/*.yaml")
-)
+CONFIGS = [(r, v) for r in available() for v in ["", *variants(r)]]
 
 
 @pytest.mark.parametrize(
