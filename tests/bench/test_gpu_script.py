@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -212,40 +213,58 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     }
 
 
+STALLS = [  # (the part that stalls, --only, the parts measured before it)
+    ("resnet50_synthetic.compiled", "", ["resnet50_synthetic.eager"]),
+    (
+        "gpt.speed.compiled",
+        "gpt,memory_and_mfu",
+        [
+            "gpt.speed.eager",
+            "gpt.speed.eager_checkpointing",
+            "gpt.memory.checkpointing",
+            "gpt.memory.no_checkpointing",
+        ],
+    ),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("stall", "only", "kept"),
-    [
-        ("resnet50_synthetic.compiled", "", ["resnet50_synthetic.eager"]),
-        (
-            "gpt.speed.compiled",
-            "gpt,memory_and_mfu",
-            [
-                "gpt.speed.eager",
-                "gpt.speed.eager_checkpointing",
-                "gpt.memory.checkpointing",
-                "gpt.memory.no_checkpointing",
-            ],
-        ),
-    ],
-)
-def test_the_watchdog_keeps_the_parts_measured_before_a_stall(tmp_path, stall, only, kept):
+def test_the_watchdog_keeps_the_parts_measured_before_a_stall(tmp_path):
     """A planted stall overruns the budget: the watchdog marks that part and its measurement
-    aborted, keeps the parts that ended (with their figures) and marks the rest not reached."""
-    env = without_wandb_and_submitit(tmp_path)
-    out = tmp_path / "out"
-    env |= {"OUT": str(out), "GPU_BENCH_PLANT_STALL": stall}
-    argv = ["bash", str(SCRIPT), "--smoke", "--budget", "120"]
-    done = subprocess.run(
-        [*argv, *(["--only", only] if only else [])],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"over the budget during {stall}" in done.stdout
+    aborted, keeps the parts that ended (with their figures) and marks the rest not reached.
+    Both stalls run at once: each run spends most of its time waiting out the grace."""
+    started = []
+    for i, (stall, only, _) in enumerate(STALLS):
+        (tmp_path / str(i)).mkdir()
+        env = without_wandb_and_submitit(tmp_path / str(i))
+        out = tmp_path / str(i) / "out"
+        env |= {"OUT": str(out), "GPU_BENCH_PLANT_STALL": stall}
+        argv = ["bash", str(SCRIPT), "--smoke", "--budget", "120"]
+        proc = subprocess.Popen(
+            [*argv, *(["--only", only] if only else [])],
+            cwd=tmp_path / str(i),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a failed check stops the run's whole process group
+        )
+        started.append((proc, out))
+    try:
+        for (proc, out), stall_case in zip(started, STALLS, strict=True):
+            check_stalled_run(proc, out, *stall_case)
+    finally:
+        for proc, _ in started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+
+
+def check_stalled_run(proc: subprocess.Popen, out: Path, stall: str, only: str, kept: list):
+    """The checks of one stalled run, as it left its output."""
+    stdout, stderr = proc.communicate(timeout=150)
+    assert proc.returncode == 0, (stall, stdout[-3000:] + stderr[-3000:])
+    assert f"over the budget during {stall}" in stdout
     result = json.loads((out / "gpu.json").read_text())
     assert result["aborted"] == stall and result["finished_utc"]
     m = result["measurements"]
