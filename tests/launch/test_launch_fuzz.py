@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launch import cli, request
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -233,10 +234,14 @@ def test_every_nasty_value_in_every_variable_flag_and_override(name):
 
 
 def test_bytes_that_are_not_utf8_print_as_they_came(tmp_path):
-    """A real process: the printed command holds the argument's own bytes."""
+    """A real process: the printed command holds the argument's own bytes (launch beside an
+    engine whose check passes at once: the subject is what launch prints)."""
+    engine = "import sys\nsys.exit(0)\n"
+    checkout = helpers.fake_checkout(tmp_path / "checkout", engine, "seed: 0\n")
     done = subprocess.run(
         [sys.executable, "-m", "launch", "dry-run", "--gpus", "0", "--", b"log.project=caf\xe9"],
-        cwd=ROOT,
+        cwd=checkout,
+        env=helpers.launch_env(),
         capture_output=True,
         timeout=60,
     )
