@@ -237,8 +237,24 @@ def ran(done: subprocess.CompletedProcess) -> list[str]:
     ]
 
 
-def test_a_local_grid_sweep_runs_each_member_once_seed_major_and_reports(checkout):
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """A checkout where the 2-seed GRID sweep has run (once for the module), its launch, and
+    its report.md and report.json as that launch left them."""
+    checkout = helpers.fake_checkout(
+        tmp_path_factory.mktemp("swept") / "checkout", FAKE_TRAIN, "seed: 0\n"
+    )
     done = launch_sweep(checkout, SEEDS="2", ARGS=GRID)
+    folder = checkout / "runs" / "digits" / "g-sweep"
+    left = [(folder / n).read_text() if (folder / n).is_file() else None for n in REPORTS]
+    return checkout, done, left
+
+
+REPORTS = ("report.md", "report.json")
+
+
+def test_a_local_grid_sweep_runs_each_member_once_seed_major_and_reports(swept):
+    _, done, (report_md, report_json) = swept
     assert done.returncode == 0, done.stderr
     cell_names = [
         "lr0.1-every_steps5",
@@ -247,9 +263,8 @@ def test_a_local_grid_sweep_runs_each_member_once_seed_major_and_reports(checkou
         "lr0.5-every_steps10",
     ]
     assert ran(done) == [f"g-{c}-seed{s}" for s in range(2) for c in cell_names]
-    folder = checkout / "runs" / "digits" / "g-sweep"
-    assert done.stdout == (folder / "report.md").read_text()
-    data = json.loads((folder / "report.json").read_text())
+    assert done.stdout == report_md
+    data = json.loads(report_json)
     assert data["grid"]["axes"] == {"optim.lr": ["0.1", "0.5"], "log.every_steps": ["5", "10"]}
     assert data["command"]["make"] == f"make sweep SEEDS=2 GPUS=0 ARGS='{GRID}'"
     assert "sha" in data["git"] and data["seeds"] == 2 and data["baseline"] == cell_names[0]
@@ -350,8 +365,9 @@ def test_seeds_can_grow_but_not_shrink(checkout):
     assert all(line.endswith(" seed=2") for line in dry.stdout.splitlines())
 
 
-def test_the_report_alone_rebuilds_from_sweep_json(checkout):
-    assert launch_sweep(checkout, SEEDS="2", ARGS=GRID).returncode == 0
+def test_the_report_alone_rebuilds_from_sweep_json(swept):
+    checkout, sweep, _ = swept
+    assert sweep.returncode == 0, sweep.stderr
     folder = checkout / "runs" / "digits" / "g-sweep"
     before = (folder / "report.json").read_text()
     (folder / "report.json").unlink()
@@ -373,17 +389,18 @@ def test_parallel_is_for_slurm_only(checkout):
     assert done.returncode == 2 and "PARALLEL=2 limits a SLURM job array" in done.stderr
 
 
-def test_slurm_dry_run_is_one_array_of_every_member_with_its_concurrency_limit():
-    done = launch_sweep(ROOT, DRY_RUN="1", SEEDS="2", TARGET="submit", PARALLEL="3", ARGS=GRID)
+def test_slurm_dry_run_is_one_array_of_every_member_with_its_concurrency_limit(checkout):
+    done = launch_sweep(checkout, DRY_RUN="1", SEEDS="2", TARGET="submit", PARALLEL="3", ARGS=GRID)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("#!/bin/bash\n") == 1 and "#SBATCH --array=0-7%3\n" in done.stdout
     tasks = [line for line in done.stdout.splitlines() if line.startswith("#   array task ")]
     assert len(tasks) == 8 and "run.name=g-lr0.1-every_steps10-seed0" in tasks[1]
-    assert not (ROOT / "runs" / "digits" / "g-sweep").exists()
+    assert not (checkout / "runs").exists()
 
 
-def test_compare_groups_finished_runs_by_what_differs(checkout):
-    assert launch_sweep(checkout, SEEDS="2", ARGS=GRID).returncode == 0
+def test_compare_groups_finished_runs_by_what_differs(swept):
+    checkout, sweep, _ = swept
+    assert sweep.returncode == 0, sweep.stderr
     parent = checkout / "runs" / "digits"
     done = helpers.launch("compare", cwd=checkout, timeout=120, RUNS=f"{parent}/g-lr*")
     assert done.returncode == 0, done.stderr
@@ -395,8 +412,9 @@ def test_compare_groups_finished_runs_by_what_differs(checkout):
     assert done.stdout == next(parent.glob("compare-*.md")).read_text()
 
 
-def test_compare_refuses_a_baseline_that_names_no_group(checkout):
-    assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0
+def test_compare_refuses_a_baseline_that_names_no_group(swept):
+    checkout, sweep, _ = swept
+    assert sweep.returncode == 0, sweep.stderr
     parent = checkout / "runs" / "digits"
     done = helpers.launch("compare", cwd=checkout, RUNS=f"{parent}/g-lr*", BASELINE="optim.lr=7")
     assert done.returncode == 2
