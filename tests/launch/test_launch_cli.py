@@ -52,6 +52,10 @@ def recipes(tmp_path):
     return tmp_path / "recipes"
 
 
+# The repository's recipes, for a dry run in the fast checkout below.
+REAL_RECIPES = {"RECIPES_DIR": str(ROOT / "recipes")}
+
+
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory) -> Path:
     """A checkout whose engine passes its check at once: for dry runs whose subject is what
@@ -422,10 +426,10 @@ def test_train_runs_the_printed_command_and_returns_its_exit_code(fake_checkout,
     assert one_line(done.stderr) == "+ " + one_line(printed.stdout)
 
 
-def test_docker_passes_the_callers_nccl_settings_by_name_only(recipes):
+def test_docker_passes_the_callers_nccl_settings_by_name_only(recipes, fast):
     secretish = "mlx5_0:1"
     done = launch(
-        "docker-train", DRY_RUN="1", GPUS="1", NCCL_DEBUG="INFO", NCCL_IB_HCA=secretish,
+        "docker-train", cwd=fast, DRY_RUN="1", GPUS="1", NCCL_DEBUG="INFO", NCCL_IB_HCA=secretish,
         RECIPES_DIR=str(recipes),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -435,13 +439,13 @@ def test_docker_passes_the_callers_nccl_settings_by_name_only(recipes):
     assert secretish not in done.stdout and "INFO" not in done.stdout
 
 
-def test_submit_asks_for_the_recipes_gpus_not_this_machines():
+def test_submit_asks_for_the_recipes_gpus_not_this_machines(fast):
     """This machine shows no GPU; the job still asks for the 8 the recipe declares."""
-    env = {k: v for k, v in launch_env().items() if k != "GPUS"}
+    env = {k: v for k, v in launch_env().items() if k != "GPUS"} | REAL_RECIPES
     for command in (["submit"], ["sweep", "--slurm", "--seeds", "2"]):
         done = subprocess.run(
             [sys.executable, "-m", "launch", *command, "--dry-run", "--recipe", "imagenet"],
-            cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True,
+            cwd=fast, env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "#SBATCH --gpus-per-node=8\n" in done.stdout, command
@@ -449,23 +453,26 @@ def test_submit_asks_for_the_recipes_gpus_not_this_machines():
         assert "device=cpu" not in done.stdout, command
 
 
-def test_a_cpu_submission_of_a_gpu_recipe_needs_an_explicit_yes():
-    refused = launch("submit", "--dry-run", RECIPE="imagenet", GPUS="0")
+def test_a_cpu_submission_of_a_gpu_recipe_needs_an_explicit_yes(fast):
+    refused = launch("submit", "--dry-run", cwd=fast, RECIPE="imagenet", GPUS="0", **REAL_RECIPES)
     assert refused.returncode == 2 and refused.stdout == ""
     assert one_line(refused.stderr) == (
         "launch: recipe imagenet declares slurm.gpus_per_node=8, but GPUS=0 asks SLURM for "
         "CPU tasks; leave GPUS unset for 8 GPU(s) per node, or set ALLOW_CPU=1 (--allow-cpu) "
         "to submit it on CPU anyway"
     )
-    allowed = launch("submit", "--dry-run", RECIPE="imagenet", GPUS="0", ALLOW_CPU="1")
+    allowed = launch(
+        "submit", "--dry-run", cwd=fast, RECIPE="imagenet", GPUS="0", ALLOW_CPU="1",
+        **REAL_RECIPES,
+    )  # fmt: skip
     assert allowed.returncode == 0, allowed.stderr
     assert "--gpus-per-node" not in allowed.stdout and "device=cpu" in allowed.stdout
 
 
-def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path):
+def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path, fast):
     saved = tmp_path / "config.yaml"  # as a run of `gpt --config 124m` saved it, in part
     saved.write_text("recipe: gpt\nvariant: 124m\nslurm:\n  time_min: 7\n")
-    done = launch("submit", "--dry-run", CONFIG=str(saved))
+    done = launch("submit", "--dry-run", cwd=fast, CONFIG=str(saved), **REAL_RECIPES)
     assert done.returncode == 0, done.stderr
     for line in ("--gpus-per-node=8", "--time=7"):  # 124m's GPUs, the file's time
         assert f"#SBATCH {line}\n" in done.stdout
