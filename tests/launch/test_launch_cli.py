@@ -336,10 +336,12 @@ def test_a_dry_run_with_more_gpus_than_visible_prints_and_warns(recipes, fast, c
 
 
 @pytest.mark.parametrize("gpus, warned", [("2", False), ("3", True)])
-def test_gpus_up_to_the_visible_count_pass(recipes, tmp_path, gpus, warned):
+def test_gpus_up_to_the_visible_count_pass(fast, tmp_path, gpus, warned):
     bindir = fake_nvidia_smi(tmp_path / "bin", 2)
     path = f"{bindir}:{os.environ['PATH']}"  # 48: a batch that divides over 2 and 3
-    done = launch("dry-run", GPUS=gpus, ARGS="train.batch_size=48", PATH=path)
+    done = launch(
+        "dry-run", cwd=fast, GPUS=gpus, ARGS="train.batch_size=48", PATH=path, **REAL_RECIPES
+    )
     assert done.returncode == 0 and f"--nproc_per_node={gpus}" in done.stdout
     assert (
         "GPUS=3 but 2 CUDA device(s) are visible here; to run it here, set GPUS=2 or fewer"
@@ -377,8 +379,8 @@ def test_submit_without_sbatch_says_so_and_shows_the_dry_run(recipes, fast, tmp_
     assert printed.stdout.startswith("#!/bin/bash\n") and "\nsrun " in printed.stdout
 
 
-def test_a_missing_program_is_one_line(recipes, tmp_path):
-    done = launch("docker-train", GPUS="0", RECIPES_DIR=str(recipes), PATH=str(tmp_path))
+def test_a_missing_program_is_one_line(recipes, fast, tmp_path):
+    done = launch("docker-train", cwd=fast, GPUS="0", RECIPES_DIR=str(recipes), PATH=str(tmp_path))
     assert done.returncode == 2
     assert "docker is not on PATH" in one_line(done.stderr)
 
