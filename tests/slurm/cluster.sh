@@ -15,7 +15,7 @@
 # Tunables (environment): SLURM_TEST_ROOT (default: the directory of the cluster whose config
 # is installed, else /tmp/recipes-slurm), SLURM_TEST_CPUS (per node, default: nproc, at
 # least 2), SLURM_TEST_MEM_MB (per node, default 4096), SLURM_TEST_KILL_WAIT (default 10),
-# SLURM_TEST_CRED_EXPIRE (default 10), SLURM_TEST_START_TIMEOUT (default 60 s).
+# SLURM_TEST_CRED_EXPIRE (default 5), SLURM_TEST_START_TIMEOUT (default 60 s).
 #
 # Gotchas solved here (Slurm 22.05 as packaged by Debian, root in a sandbox, no cgroups):
 # - Two slurmd on one host: NodeName lines need distinct Port=, and SlurmdSpoolDir,
@@ -25,7 +25,7 @@
 #   list): `127.0.0.1 node1 node2` is added to /etc/hosts once. SlurmctldHost is this
 #   machine's short hostname with an explicit 127.0.0.1 address, so it need not resolve.
 # - A requeued job (scontrol requeue, preemption) may only start again after the step
-#   credential lifetime, 120 s by default: AuthInfo=cred_expire is lowered to 10 s.
+#   credential lifetime, 120 s by default: AuthInfo=cred_expire is lowered to 5 s.
 # - The main scheduler loop runs every 60 s by default, so a requeued or freed-up job
 #   could wait a minute: sched_interval=1, bf_interval=1.
 # - The submitting shell's rlimits (e.g. RLIMIT_MEMLOCK) are not always settable inside a
@@ -125,7 +125,7 @@ render_conf() {
       -e "s|@PORT1@|${PORTS[0]}|g" -e "s|@PORT2@|${PORTS[1]}|g" \
       -e "s|@CPUS@|$cpus|g" -e "s|@MEM@|$mem|g" \
       -e "s|@KILL_WAIT@|${SLURM_TEST_KILL_WAIT:-10}|g" \
-      -e "s|@CRED_EXPIRE@|${SLURM_TEST_CRED_EXPIRE:-10}|g" \
+      -e "s|@CRED_EXPIRE@|${SLURM_TEST_CRED_EXPIRE:-5}|g" \
       "$HERE/slurm.conf.in"
 }
 

@@ -45,7 +45,7 @@ if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then touch started; sleep 300; fi
     requeue = slurm_cluster.run("scontrol", "requeue", job_id)
     assert requeue.returncode == 0, requeue.stderr
 
-    # The restart waits out the step credential lifetime (cred_expire=10 s in cluster.sh).
+    # The restart waits out the step credential lifetime (cred_expire=5 s in cluster.sh).
     result = slurm_cluster.wait(job_id, timeout=60)
     assert (result.state, result.exit_code) == ("COMPLETED", 0), result.info
     assert result.restarts == 1
