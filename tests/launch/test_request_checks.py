@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from engine import cli as engine_cli
+from launch import check as launch_check
 from launch import cli, request
 from launch.request import SLURM_FLAGS
 from tests.helpers import REPO, engine_env, launch
@@ -104,8 +105,12 @@ def test_eval_of_another_recipe_s_checkpoint_names_its_recipe(imagenet_run, caps
     assert code == 2 and "is a checkpoint of recipe 'imagenet'" in line, line
 
 
-def test_eval_of_a_run_renders_its_saved_config(imagenet_run, capsys):
+def test_eval_of_a_run_renders_its_saved_config(imagenet_run, capsys, monkeypatch):
+    checked = []  # the engine's check, answered here: the subject is the rendered command
+    monkeypatch.setattr(launch_check, "run_check", lambda argv: checked.append(argv) or (0, ""))
     code = cli.main(["eval"], {"CKPT": str(imagenet_run), "DRY_RUN": "1", "GPUS": "0"})
     argv = shlex.split(capsys.readouterr().out)
     assert code == 0 and argv[argv.index("engine.train") + 1] == "imagenet"
     assert argv[argv.index("--config") + 1] == str(imagenet_run / "config.yaml")
+    (asked,) = checked  # checked first, with the same saved config
+    assert asked[asked.index("--config") + 1] == str(imagenet_run / "config.yaml")
