@@ -1,6 +1,7 @@
 """CIFAR-10 through the real reader of the official python batches: the fast variant's
 on-device run is deterministic, resumes bitwise mid-epoch, and 1 process with 2 accumulation
-steps trains like 2 processes with 1; the default variant trains through workers."""
+steps (every fast run here) trains like 2 processes with 1; the default variant trains
+through workers."""
 
 import sys
 
@@ -12,6 +13,7 @@ from tests.helpers import final_weights, max_difference, records, run_engine, sa
 pytestmark = pytest.mark.slow
 FAST = [
     "train.batch_size=16",
+    "train.micro_batch_size=8",  # 2 accumulation steps on 1 process, 1 on 2
     "train.max_steps=9",  # 80 training images: 5 steps an epoch, so the stop is mid-epoch
     "train.compile=false",
     "model.widths=[8, 16, 16]",
@@ -31,10 +33,17 @@ def fast(root, name, data, *overrides, prefix=None):
     return run_engine(root, name, *args, recipe="cifar10", variant="fast", prefix=prefix)
 
 
-def test_fast_variant_is_deterministic_and_resumes_bitwise_mid_epoch(tmp_path, data):
-    fast(tmp_path, "a", data)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data):
+    """One process's fast run: the run the others must equal."""
+    root = tmp_path_factory.mktemp("reference")
+    fast(root, "a", data)
+    return root
+
+
+def test_fast_variant_is_deterministic_and_resumes_bitwise_mid_epoch(tmp_path, data, reference):
     fast(tmp_path, "b", data)
-    reference = final_weights(tmp_path, "a", "cifar10")
+    reference = final_weights(reference, "a", "cifar10")
     assert same_weights(final_weights(tmp_path, "b", "cifar10"), reference)
     fast(tmp_path, "other-seed", data, "seed=1")
     assert not same_weights(final_weights(tmp_path, "other-seed", "cifar10"), reference)
@@ -46,15 +55,15 @@ def test_fast_variant_is_deterministic_and_resumes_bitwise_mid_epoch(tmp_path, d
     assert records(tmp_path, "resumed", "eval", "cifar10")[-1]["count"] == 30
 
 
-def test_fast_variant_world_size_invariant(tmp_path, data):
-    fast(tmp_path, "one", data, "train.micro_batch_size=8")
+def test_fast_variant_world_size_invariant(tmp_path, data, reference):
     spawn = [sys.executable, "-m", "engine.train"]
-    fast(tmp_path, "two", data, "train.micro_batch_size=8", prefix=[*spawn, "--spawn", "2"])
-    one, two = final_weights(tmp_path, "one", "cifar10"), final_weights(tmp_path, "two", "cifar10")
+    fast(tmp_path, "two", data, prefix=[*spawn, "--spawn", "2"])
+    one, two = final_weights(reference, "a", "cifar10"), final_weights(tmp_path, "two", "cifar10")
     params = [k for k in one if "running" not in k and "num_batches" not in k]
     assert max_difference({k: one[k] for k in params}, {k: two[k] for k in params}) < 1e-4
-    losses = lambda n: [r["loss"] for r in records(tmp_path, n, "train", "cifar10")]  # noqa: E731
-    assert losses("one") == pytest.approx(losses("two"), abs=1e-4)
+    one_losses = [r["loss"] for r in records(reference, "a", "train", "cifar10")]
+    two_losses = [r["loss"] for r in records(tmp_path, "two", "train", "cifar10")]
+    assert one_losses == pytest.approx(two_losses, abs=1e-4)
 
 
 def test_default_variant_trains_resnet18_through_workers(tmp_path, data):
