@@ -15,6 +15,7 @@ from tests.datagen_images import (
     write_image_folder,
 )
 from tests.helpers import final_checkpoint, records, run_dir, run_engine, same_weights
+from tests.recipes.cli_calls import engine_calls
 
 pytestmark = pytest.mark.slow
 TINY = [
@@ -86,14 +87,23 @@ LAYOUT = {
 }
 
 
-@pytest.mark.parametrize("case", LAYOUT)
-def test_a_bad_layout_is_one_line_before_training(tmp_path, data, case):
-    bad_layout(data, case)
-    out = imagenet(tmp_path, "bad", f"data.root={data}", check=False)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, out.stderr
-    assert lines[0].startswith("error: ") and str(data) in lines[0] and LAYOUT[case] in lines[0]
-    assert not (run_dir(tmp_path, "bad", "imagenet") / "checkpoints").exists()
+def test_a_bad_layout_is_one_line_before_training(tmp_path):
+    """Each bad layout's command line in turn, in one process (each stops before training)."""
+    folders = {case: write_image_folder(tmp_path / f"images-{i}") for i, case in enumerate(LAYOUT)}
+    for case, data in folders.items():
+        bad_layout(data, case)
+    roots = [tmp_path / f"runs-{i}" for i in range(len(LAYOUT))]
+    calls = engine_calls(
+        *(
+            ["imagenet", *TINY, f"run.root={root}", "run.name=bad", f"data.root={data}"]
+            for root, data in zip(roots, folders.values(), strict=True)
+        )
+    )
+    for root, (case, data), out in zip(roots, folders.items(), calls, strict=True):
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, (case, out.stderr)
+        assert lines[0].startswith("error: ") and str(data) in lines[0] and LAYOUT[case] in lines[0]
+        assert not (run_dir(root, "bad", "imagenet") / "checkpoints").exists(), case
 
 
 @pytest.mark.parametrize("plant", [plant_not_an_image, plant_truncated_jpeg])

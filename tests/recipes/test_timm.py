@@ -17,6 +17,7 @@ from recipes.imagenet.model import TIMM_VERSION, ModelConfig, build_model
 from tests.datagen_images import write_image_folder
 from tests.helpers import REPO, engine_env, final_checkpoint, records, run_dir, run_engine
 from tests.project.test_pinning import LOCK, lock_versions
+from tests.recipes.cli_calls import engine_calls
 
 # timm's own test models (a few hundred thousand parameters): names torchvision does not
 # have, so a run that trains one trained timm's. (name, image size: the ViT's is fixed)
@@ -114,20 +115,27 @@ def test_without_timm_torchvision_models_still_train(tmp_path):
     imagenet(tmp_path, "t", f"data.root={data}", *overrides, prefix=prefix)
 
 
-@pytest.mark.parametrize(
-    "arch, suggestion",
-    [
-        ("timm/resnet81", "did you mean timm/resnet18,"),
-        ("timm/convnext_tiny.fb_in1kk", "did you mean timm/convnext_tiny.fb_in1k,"),
-        ("deit_tiny_patch16_224", "did you mean timm/deit_tiny_patch16_224?"),
-    ],
-)
-def test_an_unknown_name_is_one_line_with_close_matches(tmp_path, arch, suggestion):
+UNKNOWN = [
+    ("timm/resnet81", "did you mean timm/resnet18,"),
+    ("timm/convnext_tiny.fb_in1kk", "did you mean timm/convnext_tiny.fb_in1k,"),
+    ("deit_tiny_patch16_224", "did you mean timm/deit_tiny_patch16_224?"),
+]
+
+
+def test_an_unknown_name_is_one_line_with_close_matches(tmp_path):
+    """Each name's command line in turn, in one process (each stops at its config)."""
     pytest.importorskip("timm")
-    out = imagenet(tmp_path, "t", "data.root=/nonexistent", f"model.arch={arch}", check=False)
-    line = one_line_error(out)
-    assert f"model.arch={arch!r} is not a" in line and suggestion in line, line
-    assert not (tmp_path / "imagenet").exists()
+    calls = engine_calls(
+        *(
+            ["imagenet", f"run.root={tmp_path / str(i)}", "run.name=t", "data.root=/nonexistent"]
+            + [f"model.arch={arch}"]
+            for i, (arch, _) in enumerate(UNKNOWN)
+        )
+    )
+    for i, ((arch, suggestion), out) in enumerate(zip(UNKNOWN, calls, strict=True)):
+        line = one_line_error(out)
+        assert f"model.arch={arch!r} is not a" in line and suggestion in line, line
+        assert not (tmp_path / str(i) / "imagenet").exists()
 
 
 def test_other_runs_never_import_timm():
