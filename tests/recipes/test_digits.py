@@ -34,8 +34,13 @@ def reference(root):
     return final_weights(root, "reference")
 
 
-def test_default_recipe_reaches_the_accuracy_bar_and_logs_to_wandb_offline(tmp_path):
-    env = engine_env(WANDB_API_KEY="", RECIPES_TEST_SECRET="s3cr3t-value")
+def test_default_recipe_reaches_the_accuracy_bar_logs_to_wandb_offline_and_records_env(tmp_path):
+    env = engine_env(
+        WANDB_API_KEY="",
+        RECIPES_TEST_SECRET="s3cr3t-value",
+        RECIPES_TEST_TOKEN="tok-5ecret",
+        RECIPES_IMAGE="recipes:test",
+    )
     out = run_engine(tmp_path, "full", "log.wandb=offline", env=env)
     summary = json.loads((run_dir(tmp_path, "full") / "summary.json").read_text())
     assert summary["top1"] >= 0.98, summary
@@ -53,15 +58,12 @@ def test_default_recipe_reaches_the_accuracy_bar_and_logs_to_wandb_offline(tmp_p
     assert evals[-1]["eval/top1"] == pytest.approx(summary["top1"])
     assert "wandb sync" in out.stderr  # tells how to upload the offline run
 
-
-def test_env_json_records_provenance_and_no_secrets(tmp_path):
-    env = engine_env(RECIPES_TEST_TOKEN="tok-5ecret", RECIPES_IMAGE="recipes:test")
-    run_engine(tmp_path, "env", "train.max_steps=2", env=env)
-    info = json.loads((run_dir(tmp_path, "env") / "env.json").read_text())
+    # env.json: provenance, and no secret from the environment in any file the run wrote
+    info = json.loads((run_dir(tmp_path, "full") / "env.json").read_text())
     assert info["torch"].startswith("2.14.1") and info["world_size"] == 1
     assert len(info["git_sha"]) == 40 and isinstance(info["git_dirty"], bool)
     assert info["image"]["image"] == "recipes:test" and len(info["lock_sha256"]) == 64
-    for path in run_dir(tmp_path, "env").rglob("*"):
+    for path in run_dir(tmp_path, "full").rglob("*"):
         if path.is_file():
             assert b"tok-5ecret" not in path.read_bytes(), path
 
