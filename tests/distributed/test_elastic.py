@@ -26,7 +26,6 @@ from tests.helpers import (
     launch,
     max_difference,
     run_dir,
-    run_engine,
 )
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -111,6 +110,20 @@ def start_agent(argv, log) -> subprocess.Popen:
     return agent
 
 
+def start_reference(root, log) -> subprocess.Popen:
+    """The same run in one process, never interrupted (run_engine's command, not waited for)."""
+    argv = [sys.executable, "-m", "engine.train", "digits", *QUIET, f"run.root={root}"]
+    reference = subprocess.Popen(
+        [*argv, "run.name=one", *SAME_RUN],
+        cwd=REPO,
+        env=engine_env(),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    reference.log = log
+    return reference
+
+
 def workers(agent: subprocess.Popen) -> list[int]:
     """The agent's worker processes (torchrun starts each in a session of its own)."""
     found = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True)
@@ -142,6 +155,7 @@ def test_a_node_lost_and_a_node_joining_keep_the_samples_of_one_process(tmp_path
     # a hosts the rendezvous store; b and c never do (on loopback any agent could).
     client = [a + ",is_host=0" if a == RDZV_CONF else a for a in argv]
     agents = [start_agent(argv, tmp_path / "a.log"), start_agent(client, tmp_path / "b.log")]
+    reference_root, reference = tmp_path / "reference", None
     newcomer = "new nodes from group_rank=0; will restart worker group"
     try:
         wait_until(
@@ -158,16 +172,21 @@ def test_a_node_lost_and_a_node_joining_keep_the_samples_of_one_process(tmp_path
         # newcomer, and it checkpoints when it goes on.
         (survivor,) = workers(agents[0])
         os.kill(survivor, signal.SIGSTOP)
+        # One process, never interrupted: trained while the elastic job waits for node c.
+        reference = start_reference(reference_root, tmp_path / "one.log")
         seen = log(0).count(newcomer)
         agents.append(start_agent(client, tmp_path / "c.log"))
         wait_until("the survivor's agent see node c", lambda: log(0).count(newcomer) > seen, agents)
         os.kill(survivor, signal.SIGCONT)
         for agent in agents:
             agent.wait(timeout=DEADLINE_S)
+        reference.wait(timeout=DEADLINE_S)
     finally:
-        for agent in agents:
-            agent.kill()
+        for process in [*agents, reference]:
+            if process is not None:
+                process.kill()
     assert [a.returncode for a in agents] == [0, -9, 0], logs(agents)
+    assert reference.returncode == 0, reference.log.read_text()[-3000:]
 
     *start, shrink, grow = recorded("world_size")
     assert [(r["from"], r["to"]) for r in start] in ([], [(1, 2)])  # b joined late, or not
@@ -189,8 +208,10 @@ def test_a_node_lost_and_a_node_joining_keep_the_samples_of_one_process(tmp_path
     assert [r["step"] for r in recorded("train")] == list(range(1, STEPS + 1))
     assert json.loads((folder / "summary.json").read_text())["world_size"] == 2
 
-    run_engine(root, "one", *SAME_RUN)  # one process, never interrupted
-    one, elastic = (lines(run_dir(root, name) / "samples.jsonl") for name in ("one", "elastic"))
+    one = lines(run_dir(reference_root, "one") / "samples.jsonl")
+    elastic = lines(folder / "samples.jsonl")
     assert elastic == one and len(one) == STEPS
-    difference = max_difference(final_weights(root, "elastic"), final_weights(root, "one"))
+    difference = max_difference(
+        final_weights(root, "elastic"), final_weights(reference_root, "one")
+    )
     assert difference < RESUME_TOLERANCE
