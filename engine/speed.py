@@ -7,7 +7,6 @@ import copy
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from engine.config import TrainConfig
 
@@ -44,6 +43,8 @@ def flops_per_sample(recipe, cfg) -> float:
     device, so it costs neither memory nor compute. 0 when the recipe declares no input."""
     if recipe.sample_shape is None:
         return 0.0
+    from torch.utils.flop_counter import FlopCounterMode  # start-up time: imports triton
+
     shape = recipe.sample_shape(cfg.data)
     with torch.device("meta"):
         # eval mode: batch norm on a 1x1 feature map refuses a batch of one in training mode
