@@ -3,6 +3,7 @@ files: what survives, what stops, and in how many lines it says so."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,18 @@ def reference(root):
     return final_weights(root, "reference")
 
 
+@pytest.fixture(scope="module")
+def stopped(root) -> Path:
+    """A SHORT run stopped at step 6 (checkpoints 4 and 6), trained once: each resume test
+    resumes, tampers or refuses a copy of it."""
+    run_engine(root, "stopped", *SHORT, "train.stop_at_step=6")
+    return run_dir(root, "stopped")
+
+
+def copy_of(stopped: Path, root: Path, name: str) -> None:
+    shutil.copytree(stopped, run_dir(root, name))
+
+
 def one_error_line(out) -> str:
     lines = out.stderr.strip().splitlines()
     assert lines and lines[-1].startswith("error: "), out.stderr[-2000:]
@@ -72,8 +85,8 @@ def wait_until(condition, proc, what: str, timeout: float = 120) -> None:
 # ---------------------------------------------------------------- unreadable checkpoints
 
 
-def test_no_loadable_checkpoint_stops_before_training_and_deletes_nothing(root):
-    run_engine(root, "unreadable", *SHORT, "train.stop_at_step=6")
+def test_no_loadable_checkpoint_stops_before_training_and_deletes_nothing(root, stopped):
+    copy_of(stopped, root, "unreadable")
     folder = run_dir(root, "unreadable") / "checkpoints"
     marker = root / "payload-ran"
     newest, older = ckpt.list_checkpoints(folder)
@@ -92,8 +105,10 @@ def test_no_loadable_checkpoint_stops_before_training_and_deletes_nothing(root):
     assert (run_dir(root, "unreadable") / "metrics.jsonl").read_text() == metrics
 
 
-def test_a_tampered_newest_checkpoint_is_skipped_and_the_run_resumes_bitwise(root, reference):
-    run_engine(root, "tampered", *SHORT, "train.stop_at_step=6")
+def test_a_tampered_newest_checkpoint_is_skipped_and_the_run_resumes_bitwise(
+    root, reference, stopped
+):
+    copy_of(stopped, root, "tampered")
     folder = run_dir(root, "tampered") / "checkpoints"
     marker = root / "payload-ran-2"
     torch.save({"model": PicklePayload(marker)}, ckpt.checkpoint_path(folder, 6))
@@ -160,9 +175,9 @@ def test_resume_none_refuses_an_existing_run_and_overwrite_moves_it_aside(root):
     "change, refused",
     [("optim.lr=0.2", "optim.lr 0.1 -> 0.2"), ("train.batch_size=32", "train.batch_size 64 -> 32")],
 )
-def test_resuming_with_a_config_that_changes_the_run_is_refused(root, change, refused):
+def test_resuming_with_a_config_that_changes_the_run_is_refused(root, stopped, change, refused):
     name = f"drift-{change.split('=')[0]}"
-    run_engine(root, name, *SHORT, "train.stop_at_step=4")
+    copy_of(stopped, root, name)
     config = (run_dir(root, name) / "config.yaml").read_text()
     before = checkpoints(root, name)
     out = run_engine(root, name, *SHORT, change, check=False)
@@ -171,8 +186,8 @@ def test_resuming_with_a_config_that_changes_the_run_is_refused(root, change, re
     assert checkpoints(root, name) == before
 
 
-def test_resuming_with_safe_changes_says_which(root):
-    run_engine(root, "extend", *SHORT, "train.stop_at_step=4")
+def test_resuming_with_safe_changes_says_which(root, stopped):
+    copy_of(stopped, root, "extend")
     out = run_engine(root, "extend", *SHORT, "train.max_steps=14", "log.every_steps=3")
     assert "train.max_steps 12 -> 14" in out.stderr and "log.every_steps 10 -> 3" in out.stderr
     assert json.loads((run_dir(root, "extend") / "summary.json").read_text())["steps"] == 14
