@@ -20,3 +20,25 @@ def restore_backend_flags():
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
     torch.backends.cudnn.deterministic = saved[3]
     torch.use_deterministic_algorithms(saved[4])
+
+
+@pytest.fixture
+def train_here(restore_backend_flags):
+    """Trains as `python -m engine.train RECIPE QUIET run.root=ROOT run.name=NAME OVERRIDES`
+    would (engine.train.train, one process, one thread as tests.helpers.engine_env gives the
+    engine's processes), but in this process: for tests whose subject is what a run trains,
+    not the process (its start-up, exit status, output or signals)."""
+    from engine.catalog import load_config
+    from engine.train import train
+    from tests.helpers import QUIET
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def run(root, name: str, *overrides: str, recipe: str = "digits") -> None:
+        args = [*QUIET, f"run.root={root}", f"run.name={name}", *overrides]
+        cfg, recipe_ = load_config(recipe, args)
+        assert train(cfg, recipe_) == 0
+
+    yield run
+    torch.set_num_threads(threads)

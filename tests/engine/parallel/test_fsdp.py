@@ -217,18 +217,19 @@ def test_exports_load_in_one_plain_process_with_the_runs_eval_loss(ddp, fsdp, tm
         assert abs(loss - final_eval(ddp, run)["loss"]) < 1e-6, (run, checkpoint, suffix)
 
 
-def test_activation_checkpointing_changes_nothing_but_memory(tmp_path):
-    """Dropout on: the recomputed forward must draw the same masks."""
+def test_activation_checkpointing_changes_nothing_but_memory(tmp_path, train_here):
+    """Dropout on: the recomputed forward must draw the same masks. (One process each, in
+    this one: tests/engine/conftest.py.)"""
     same = ["train.max_steps=4", "log.every_steps=1", "model.dropout=0.2"]
-    gpt(tmp_path, "kept", *same, procs=1)
-    gpt(tmp_path, "recomputed", *same, "train.activation_checkpointing=true", procs=1)
+    train_here(tmp_path, "kept", *same, recipe="gpt")
+    train_here(tmp_path, "recomputed", *same, "train.activation_checkpointing=true", recipe="gpt")
     assert losses(tmp_path, "recomputed") == losses(tmp_path, "kept")
     assert final_eval(tmp_path, "recomputed") == final_eval(tmp_path, "kept")
 
 
-def test_one_process_with_accumulation_trains_like_two(ddp, tmp_path):
+def test_one_process_with_accumulation_trains_like_two(ddp, tmp_path, train_here):
     """The loss is normalised by the global token count, whatever the split."""
-    gpt(tmp_path, "accumulated", *GPT, "train.micro_batch_size=8", procs=1)
+    train_here(tmp_path, "accumulated", *GPT, "train.micro_batch_size=8", recipe="gpt")
     assert close(losses(tmp_path, "accumulated"), losses(ddp, "ddp"), TOLERANCE)
 
 
