@@ -4,18 +4,17 @@ import pytest
 import torch
 
 
-@pytest.fixture
-def restore_backend_flags():
-    """train() and setup() set global flags (TF32, cuDNN, deterministic algorithms): restored
-    afterwards, for the tests that run next in this process."""
-    saved = (
+def backend_flags() -> tuple:
+    return (
         torch.get_float32_matmul_precision(),
         torch.backends.cudnn.allow_tf32,
         torch.backends.cudnn.benchmark,
         torch.backends.cudnn.deterministic,
         torch.are_deterministic_algorithms_enabled(),
     )
-    yield
+
+
+def set_backend_flags(saved: tuple) -> None:
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
     torch.backends.cudnn.deterministic = saved[3]
@@ -23,22 +22,36 @@ def restore_backend_flags():
 
 
 @pytest.fixture
-def train_here(restore_backend_flags):
+def restore_backend_flags():
+    """train() and setup() set global flags (TF32, cuDNN, deterministic algorithms): restored
+    afterwards, for the tests that run next in this process."""
+    saved = backend_flags()
+    yield
+    set_backend_flags(saved)
+
+
+@pytest.fixture(scope="session")
+def train_here():
     """Trains as `python -m engine.train RECIPE QUIET run.root=ROOT run.name=NAME OVERRIDES`
     would (engine.train.train, one process, one thread as tests.helpers.engine_env gives the
     engine's processes), but in this process: for tests whose subject is what a run trains,
-    not the process (its start-up, exit status, output or signals)."""
+    not the process (its start-up, exit status or signals). The global flags and the thread
+    count it changes are put back after each run; rank 0's lines are in the run's train.log
+    (and on this process's stderr)."""
     from engine.catalog import load_config
     from engine.train import train
     from tests.helpers import QUIET
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-
     def run(root, name: str, *overrides: str, recipe: str = "digits") -> None:
         args = [*QUIET, f"run.root={root}", f"run.name={name}", *overrides]
         cfg, recipe_ = load_config(recipe, args)
-        assert train(cfg, recipe_) == 0
+        threads = torch.get_num_threads()
+        saved = backend_flags()
+        torch.set_num_threads(1)
+        try:
+            assert train(cfg, recipe_) == 0
+        finally:
+            torch.set_num_threads(threads)
+            set_backend_flags(saved)
 
-    yield run
-    torch.set_num_threads(threads)
+    return run

@@ -114,9 +114,11 @@ def test_wandb_mode_offline_from_the_environment_without_wandb_is_one_line(tmp_p
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory, train_here) -> Path:
+    """A run trained where every package is installed (in this process:
+    tests/engine/conftest.py)."""
     root = tmp_path_factory.mktemp("runs")
-    run_engine(root, "w", "train.max_steps=2")
+    train_here(root, "w", "train.max_steps=2")
     return run_dir(root, "w")
 
 

@@ -39,18 +39,19 @@ LAST_STEP = 25
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
+def root(tmp_path_factory, train_here) -> Path:
     """An uninterrupted run, and the same run stopped mid-epoch and resumed (with a stray
-    file planted in best/ in between, as an abandoned continuation would leave one)."""
+    file planted in best/ in between, as an abandoned continuation would leave one). In this
+    process (tests/engine/conftest.py)."""
     root = tmp_path_factory.mktemp("best")
-    helpers.run_engine(root, "full", *SETTINGS)
-    helpers.run_engine(root, "resumed", *SETTINGS, "train.stop_at_step=12")
+    train_here(root, "full", *SETTINGS)
+    train_here(root, "resumed", *SETTINGS, "train.stop_at_step=12")
     stray = best.folder(helpers.run_dir(root, "resumed")) / file_name(LAST_STEP + 5)
     stray.write_bytes(b"from a continuation that was abandoned")
     scored = stray.parent / "step-00000002.eval.json"  # make eval's result: not a checkpoint
     scored.write_text("{}")
-    out = helpers.run_engine(root, "resumed", *SETTINGS)
-    assert "resuming from" in out.stderr
+    train_here(root, "resumed", *SETTINGS)
+    assert "resuming from" in (helpers.run_dir(root, "resumed") / "train.log").read_text()
     assert scored.read_text() == "{}"  # kept; the tests below compare checkpoints only
     scored.unlink()
     return root
