@@ -114,12 +114,14 @@ def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert train["mfu"] == pytest.approx(train["samples_per_s"] * declared / 2e12)  # 2 x 1 TF
 
 
-def test_a_sharded_checkpoint_resumes_on_one_process(fsdp):
-    """The FSDP run's step-4 checkpoint (two processes wrote it) resumed on one: the same
-    samples, the same losses within float rounding."""
+def test_a_sharded_checkpoint_resumes_on_one_process(fsdp, train_here, capsys):
+    """The FSDP run's step-4 checkpoint (two processes wrote it) resumed on one (this one:
+    tests/engine/conftest.py): the same samples, the same losses within float rounding."""
     middle = run_dir(fsdp, "fsdp", "gpt") / "checkpoints" / "step-00000004"
-    out = gpt(fsdp, "on-one", *FSDP, f"resume={middle}", procs=1)
-    assert f"resuming from {middle} (epoch 0, step 4)" in out.stderr, out.stderr
+    capsys.readouterr()
+    train_here(fsdp, "on-one", *FSDP, f"resume={middle}", recipe="gpt")
+    said = capsys.readouterr().err
+    assert f"resuming from {middle} (epoch 0, step 4)" in said, said
     assert trained_ids(fsdp, "on-one") == trained_ids(fsdp, "fsdp")[4:]
     assert close(losses(fsdp, "on-one"), losses(fsdp, "fsdp")[4:], TOLERANCE)
     assert abs(final_eval(fsdp, "on-one")["loss"] - final_eval(fsdp, "fsdp")["loss"]) < 1e-4
