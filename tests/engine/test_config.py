@@ -262,8 +262,8 @@ def test_half_set_distributed_env_is_an_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_resuming_a_run_with_another_model_is_a_one_line_error(tmp_path):
-    run_engine(tmp_path, "w8", "model.width=8", "train.max_steps=2")
+def test_resuming_a_run_with_another_model_is_a_one_line_error(tmp_path, train_here):
+    train_here(tmp_path, "w8", "model.width=8", "train.max_steps=2")  # tests/engine/conftest.py
     before = sorted(p.name for p in (run_dir(tmp_path, "w8") / "checkpoints").iterdir())
     out = run_engine(tmp_path, "w8", "model.width=16", "train.max_steps=4", check=False)
     assert out.returncode == 2

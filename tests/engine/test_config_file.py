@@ -11,7 +11,7 @@ import yaml
 from engine import catalog, cli
 from engine import config as C
 from engine.catalog import load_config
-from tests.helpers import REPO, engine_env, run_dir, run_engine
+from tests.helpers import REPO, engine_env, run_dir
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -113,8 +113,10 @@ def test_a_config_file_of_another_recipe_is_refused_naming_both(tmp_path):
 
 
 @pytest.mark.slow
-def test_rerunning_a_saved_config_by_path_starts_a_new_run_with_the_same_config(tmp_path):
-    run_engine(tmp_path, "b", "train.max_steps=2", "optim.lr=0.05", env=clean_env())
+def test_rerunning_a_saved_config_by_path_starts_a_new_run_with_the_same_config(
+    tmp_path, train_here
+):
+    train_here(tmp_path, "b", "train.max_steps=2", "optim.lr=0.05")  # tests/engine/conftest.py
     first = run_dir(tmp_path, "b")
     before = files_under(first)
     saved = first / "config.yaml"

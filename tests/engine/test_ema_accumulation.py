@@ -5,7 +5,7 @@ are those of the same run without accumulation (up to float rounding)."""
 import pytest
 import torch
 
-from tests.helpers import final_checkpoint, run_engine
+from tests.helpers import final_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -15,9 +15,11 @@ STEPS = 6
 RUN = [f"train.max_steps={STEPS}", "model.norm=group", "ema.decay=0.8", "ema.warmup_steps=0"]
 
 
-def test_ema_with_accumulation_counts_optimizer_steps_and_matches_no_accumulation(tmp_path):
-    run_engine(tmp_path, "whole", *RUN)
-    run_engine(tmp_path, "accum", *RUN, "train.micro_batch_size=16")  # 64 / 16: 4 micro steps
+def test_ema_with_accumulation_counts_optimizer_steps_and_matches_no_accumulation(
+    tmp_path, train_here
+):
+    train_here(tmp_path, "whole", *RUN)  # tests/engine/conftest.py
+    train_here(tmp_path, "accum", *RUN, "train.micro_batch_size=16")  # 64 / 16: 4 micro steps
     whole, accum = final_checkpoint(tmp_path, "whole"), final_checkpoint(tmp_path, "accum")
     assert whole["step"] == accum["step"] == STEPS
     assert int(whole["ema"]["n_averaged"]) == STEPS

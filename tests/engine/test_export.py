@@ -167,10 +167,10 @@ def test_user_mistakes_are_one_line_exit_2_and_leave_no_file(run, tmp_path, caps
 
 
 @pytest.mark.slow
-def test_a_digits_run_exports_with_its_recipe_in_the_metadata(tmp_path):
+def test_a_digits_run_exports_with_its_recipe_in_the_metadata(tmp_path, train_here):
     """A real run's checkpoint: the recipe comes from its config, or from where the engine
     put it (<run.root>/<recipe>/<run name>/checkpoints/) when the config does not name it."""
-    helpers.run_engine(tmp_path, "tiny", "train.max_steps=2")
+    train_here(tmp_path, "tiny", "train.max_steps=2")  # tests/engine/conftest.py
     out = tmp_path / "digits.safetensors"
     done = cli("-m", "engine.export", str(helpers.run_dir(tmp_path, "tiny")), str(out))
     assert done.returncode == 0, done.stderr

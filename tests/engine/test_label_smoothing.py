@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.tasks import IGNORE, Classification, NextToken
-from tests.helpers import final_weights, max_difference, records, run_engine
+from tests.helpers import final_weights, max_difference, records
 
 
 def smoothed_sum(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,13 +59,13 @@ def test_next_token_loss_is_the_smoothed_cross_entropy_over_counted_tokens(seed,
 
 
 @pytest.mark.slow
-def test_a_run_with_label_smoothing_trains_on_the_smoothed_loss(tmp_path):
+def test_a_run_with_label_smoothing_trains_on_the_smoothed_loss(tmp_path, train_here):
     """Same seed, data and weights: the first step's logged loss already differs, and so do
     the weights it trains to. With eps = 0.1 over 10 classes the smoothed loss of the first
     (near uniform) step is close to the plain one, but not equal."""
     short = ["train.max_steps=3", "log.every_steps=1"]
-    run_engine(tmp_path, "plain", *short)
-    run_engine(tmp_path, "smooth", *short, "train.label_smoothing=0.1")
+    train_here(tmp_path, "plain", *short)  # tests/engine/conftest.py
+    train_here(tmp_path, "smooth", *short, "train.label_smoothing=0.1")
     plain = records(tmp_path, "plain", "train")
     smooth = records(tmp_path, "smooth", "train")
     assert [r["step"] for r in plain] == [r["step"] for r in smooth] == [1, 2, 3]

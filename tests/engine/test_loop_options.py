@@ -21,8 +21,8 @@ def test_step_schedule():
 
 
 @pytest.mark.slow
-def test_adamw_step_schedule_clipping_bf16_and_deterministic_run_on_cpu(tmp_path):
-    run_engine(
+def test_adamw_step_schedule_clipping_bf16_and_deterministic_run_on_cpu(tmp_path, train_here):
+    train_here(  # tests/engine/conftest.py
         tmp_path,
         "opts",
         "optim.name=adamw",
@@ -44,12 +44,13 @@ def test_adamw_step_schedule_clipping_bf16_and_deterministic_run_on_cpu(tmp_path
 
 
 @pytest.mark.slow
-def test_resume_from_an_explicit_checkpoint_path(tmp_path):
+def test_resume_from_an_explicit_checkpoint_path(tmp_path, train_here, capsys):
     common = ["train.max_steps=12", "ckpt.every_steps=4", "ckpt.keep=10"]
-    run_engine(tmp_path, "source", *common)
+    train_here(tmp_path, "source", *common)  # tests/engine/conftest.py
     middle = run_dir(tmp_path, "source") / "checkpoints" / "step-00000004.pt"
-    out = run_engine(tmp_path, "fork", *common, f"resume={middle}")
-    assert f"resuming from {middle}" in out.stderr
+    capsys.readouterr()
+    train_here(tmp_path, "fork", *common, f"resume={middle}")
+    assert f"resuming from {middle}" in capsys.readouterr().err
     assert same_weights(final_weights(tmp_path, "fork"), final_weights(tmp_path, "source"))
 
 

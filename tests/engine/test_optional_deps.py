@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.export import main as export_main
 from tests.helpers import REPO, engine_env, launch, records, run_dir, run_engine
 
 WANDB_NOTE = (
@@ -55,14 +56,12 @@ def test_the_blocking_works(tmp_path):
 # ---------------------------------------------------------------- wandb
 
 
-SPAWN_2 = pytest.param(["--spawn", "2"], id="spawn-2", marks=pytest.mark.slow)
-
-
-@pytest.mark.parametrize("spawn", [pytest.param([], id="one-process"), SPAWN_2])
-def test_auto_without_wandb_trains_and_says_so_once(tmp_path, spawn):
+@pytest.mark.slow
+def test_auto_without_wandb_trains_and_says_so_once_over_two_processes(tmp_path):
+    """One process: test_local_launch_needs_neither_submitit_nor_wandb."""
     env = env_without(tmp_path, "wandb")
     steps = ["train.max_steps=3", "log.every_steps=1", "log.progress=off"]
-    out = run_engine(tmp_path, "auto", "log.wandb=auto", *steps, *spawn, env=env)
+    out = run_engine(tmp_path, "auto", "log.wandb=auto", *steps, "--spawn", "2", env=env)
     assert "Traceback" not in out.stderr, out.stderr
     assert out.stderr.splitlines().count(WANDB_NOTE) == 1, out.stderr  # rank 0 only, once
     assert [r["step"] for r in records(tmp_path, "auto", "train")] == [1, 2, 3]
@@ -115,9 +114,11 @@ def test_wandb_mode_offline_from_the_environment_without_wandb_is_one_line(tmp_p
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory, train_here) -> Path:
+    """A run trained where every package is installed (in this process:
+    tests/engine/conftest.py)."""
     root = tmp_path_factory.mktemp("runs")
-    run_engine(root, "w", "train.max_steps=2")
+    train_here(root, "w", "train.max_steps=2")
     return run_dir(root, "w")
 
 
@@ -144,7 +145,7 @@ def test_export_without_safetensors_is_one_line_and_pt_still_works(tmp_path, tra
 
 def test_scoring_a_safetensors_file_without_safetensors_is_one_line(tmp_path, trained):
     file = tmp_path / "w.safetensors"
-    assert export(trained, file, engine_env()).returncode == 0  # written where it is installed
+    assert export_main([str(trained), str(file)]) == 0  # written where it is installed
     done = python(
         *"-m engine.train digits device=cpu --eval".split(),
         str(file),
@@ -172,15 +173,28 @@ def test_slurm_submission_without_submitit_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_local_launch_needs_neither_submitit_nor_wandb(tmp_path):
+    """Also the engine in one process under log.wandb=auto without wandb: it trains, says so
+    once, and writes no W&B files."""
     pythonpath = without(tmp_path, "submitit", "wandb")
     config = launch("config", "--gpus", "0", PYTHONPATH=pythonpath)
     assert config.returncode == 0 and "Traceback" not in config.stderr, config.stderr
     assert "recipe: digits" in config.stdout
-    overrides = [f"run.root={tmp_path}", "run.name=t", "train.max_steps=2", "log.progress=off"]
+    overrides = [
+        f"run.root={tmp_path}",
+        "run.name=t",
+        "log.wandb=auto",
+        "train.max_steps=3",
+        "log.every_steps=1",
+        "log.progress=off",
+    ]
     done = launch("train", "--gpus", "0", "--", *overrides, PYTHONPATH=pythonpath)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.splitlines().count(WANDB_NOTE) == 1
-    assert json.loads((run_dir(tmp_path, "t") / "summary.json").read_text())
+    assert done.stderr.splitlines().count(WANDB_NOTE) == 1, done.stderr
+    assert [r["step"] for r in records(tmp_path, "t", "train")] == [1, 2, 3]
+    assert records(tmp_path, "t", "eval")
+    folder = run_dir(tmp_path, "t")
+    assert json.loads((folder / "summary.json").read_text())
+    assert not (folder / "wandb").exists() and not (folder / "wandb-id.txt").exists()
 
 
 # ---------------------------------------------------------------- scipy

@@ -20,7 +20,7 @@ from engine.setup import setup
 from engine.speed import flops_per_sample, memory_format
 from engine.tracking import Progress
 from engine.train import train_epoch
-from tests.helpers import records, run_engine
+from tests.helpers import records
 
 QUIET = ["log.wandb=off", "log.progress=off", "device=cpu"]
 
@@ -182,8 +182,8 @@ def test_digits_flops_per_sample_are_counted_by_hand(build):
 
 
 @pytest.mark.slow
-def test_mfu_and_starvation_warning_in_metrics(tmp_path):
-    out = run_engine(
+def test_mfu_and_starvation_warning_in_metrics(tmp_path, train_here, capsys):
+    train_here(  # tests/engine/conftest.py
         tmp_path,
         "slow",
         "train.max_steps=12",
@@ -192,8 +192,9 @@ def test_mfu_and_starvation_warning_in_metrics(tmp_path):
         "fault.data_delay_ms=30",
         "log.data_wait_warn=0.2",
     )
-    warnings = [line for line in out.stderr.splitlines() if "waited for data" in line]
-    assert len(warnings) == 1, out.stderr
+    said = capsys.readouterr().err
+    warnings = [line for line in said.splitlines() if "waited for data" in line]
+    assert len(warnings) == 1, said
     assert "loader.num_workers (now 0)" in warnings[0]
     train = records(tmp_path, "slow", "train")
     assert len(train) == 4 and all(r["data_wait"] > 0.2 for r in train[1:])

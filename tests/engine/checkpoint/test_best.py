@@ -39,18 +39,19 @@ LAST_STEP = 25
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
+def root(tmp_path_factory, train_here) -> Path:
     """An uninterrupted run, and the same run stopped mid-epoch and resumed (with a stray
-    file planted in best/ in between, as an abandoned continuation would leave one)."""
+    file planted in best/ in between, as an abandoned continuation would leave one). In this
+    process (tests/engine/conftest.py)."""
     root = tmp_path_factory.mktemp("best")
-    helpers.run_engine(root, "full", *SETTINGS)
-    helpers.run_engine(root, "resumed", *SETTINGS, "train.stop_at_step=12")
+    train_here(root, "full", *SETTINGS)
+    train_here(root, "resumed", *SETTINGS, "train.stop_at_step=12")
     stray = best.folder(helpers.run_dir(root, "resumed")) / file_name(LAST_STEP + 5)
     stray.write_bytes(b"from a continuation that was abandoned")
     scored = stray.parent / "step-00000002.eval.json"  # make eval's result: not a checkpoint
     scored.write_text("{}")
-    out = helpers.run_engine(root, "resumed", *SETTINGS)
-    assert "resuming from" in out.stderr
+    train_here(root, "resumed", *SETTINGS)
+    assert "resuming from" in (helpers.run_dir(root, "resumed") / "train.log").read_text()
     assert scored.read_text() == "{}"  # kept; the tests below compare checkpoints only
     scored.unlink()
     return root
@@ -124,17 +125,20 @@ def test_export_best_gives_the_best_checkpoints_weights(root, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_export_average_is_the_mean_of_the_best_set(root, tmp_path):
+def test_export_average_is_the_mean_of_the_best_set(root, tmp_path, capsys):
     run = helpers.run_dir(root, "full")
     steps = [r["step"] for r in best_by_records(root, "full")]
     files = [best.folder(run) / file_name(s) for s in steps]
     states = [ckpt.load(f)["model"] for f in files]
     expected = mean_of(states)
     out = tmp_path / "mean.safetensors"
-    done = cli("-m", "engine.export", "--average", str(run), str(out))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].startswith(
-        f"wrote {out}: the mean of the weights of 2 checkpoints (steps {steps[0]}, {steps[1]})"
+    assert export.main(["--average", str(run), str(out)]) == 0
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .startswith(
+            f"wrote {out}: the mean of the weights of 2 checkpoints (steps {steps[0]}, {steps[1]})"
+        )
     )
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -188,7 +192,9 @@ def mean_of(states: list[dict]) -> dict:
 
 
 @pytest.mark.slow
-def test_a_mismatched_set_is_one_line_exit_2_and_no_file(root, tmp_path):
+def test_a_mismatched_set_is_one_line_exit_2_and_no_file(root, tmp_path, capsys):
+    """The first case in a process of its own (its exit status and output); the others
+    through engine.export's main, whose return is the exit status."""
     run = helpers.run_dir(root, "full")
     good = best.folder(run) / file_name(best_by_records(root, "full")[0]["step"])
     state = ckpt.load(good)
@@ -203,32 +209,32 @@ def test_a_mismatched_set_is_one_line_exit_2_and_no_file(root, tmp_path):
         fewer: f"cannot average: {fewer} has no tensor {name} ({good} has)",
     }
     out = tmp_path / "o.pt"
-    for other, message in cases.items():
-        done = cli("-m", "engine.export", "--average", str(good), str(other), str(out))
-        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {message}\n")
-    done = cli("-m", "engine.export", str(good), str(wider), str(out))  # several, no --average
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--average" in done.stderr
-    done = cli("-m", "engine.export", "--best", str(good), str(out))
-    assert (done.returncode, done.stderr) == (
-        2,
-        f"error: {good} is a checkpoint; --best takes a run directory\n",
-    )
+    (wider_message, fewer_message) = cases.values()
+    done = cli("-m", "engine.export", "--average", str(good), str(wider), str(out))
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {wider_message}\n")
+    capsys.readouterr()
+
+    def main(*args: str) -> tuple[int, str, str]:
+        code = export.main(list(args))
+        said = capsys.readouterr()
+        return code, said.out, said.err
+
+    code, said, err = main("--average", str(good), str(fewer), str(out))
+    assert (code, said, err) == (2, "", f"error: {fewer_message}\n")
+    code, _, err = main(str(good), str(wider), str(out))  # several, no --average
+    assert code == 2 and err.count("\n") == 1 and "--average" in err
+    code, _, err = main("--best", str(good), str(out))
+    assert (code, err) == (2, f"error: {good} is a checkpoint; --best takes a run directory\n")
     assert not out.exists()
 
 
 @pytest.mark.slow
-def test_ckpt_best_0_keeps_no_best_folder(tmp_path):
+def test_ckpt_best_0_keeps_no_best_folder(tmp_path, capsys):
     helpers.run_engine(tmp_path, "off", "train.max_steps=2", "ckpt.best=0")
     assert not best.folder(helpers.run_dir(tmp_path, "off")).exists()
     assert summary(tmp_path, "off")["best_checkpoints"] == []
-    done = cli(
-        "-m",
-        "engine.export",
-        "--best",
-        str(helpers.run_dir(tmp_path, "off")),
-        str(tmp_path / "o.pt"),
-    )
-    assert done.returncode == 2 and "holds no best checkpoints" in done.stderr
+    code = export.main(["--best", str(helpers.run_dir(tmp_path, "off")), str(tmp_path / "o.pt")])
+    assert code == 2 and "holds no best checkpoints" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the parts

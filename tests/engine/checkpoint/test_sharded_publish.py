@@ -3,10 +3,11 @@ on rank 0, is agreed by every rank (engine.checkpoint.sharded: `_publish` run in
 `_together`): no rank returns from save before the checkpoint is published, and a rename
 that fails on rank 0 fails the save on every rank.
 
-Two real gloo processes on CPU; this file runs itself as a script (`slow-rename`,
-`failed-rename`) and rank 0 patches its own rename of the partial directory. Each rank
-writes what it saw the moment save ended; the parent checks both. The process group's
-timeout is short, so a rank left waiting fails instead of hanging."""
+Two real gloo processes on CPU; this file runs itself as a script, the two cases
+(`slow-rename`, then `failed-rename`) one after the other, and in each rank 0 patches its
+own rename of the partial directory. Each rank writes what it saw the moment save ended;
+the parent checks both. The process group's timeout is short, so a rank left waiting fails
+instead of hanging."""
 
 from __future__ import annotations
 
@@ -29,14 +30,16 @@ REPO = HERE.parents[3]
 STEP = 3
 RENAME_DELAY_S = 3.0  # rank 0 holds the rename this long; a rank not waiting looks meanwhile
 GROUP_TIMEOUT_S = 30
+CASES = ("slow-rename", "failed-rename")  # in this order, in the same two processes
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-def run_case(case: str, folder: Path) -> list[dict]:
+def run_cases(folder: Path) -> dict[str, list[dict]]:
+    """Both cases, one after the other in one pair of processes: what each rank saw in each."""
     port, env = free_port(), engine_env()
     out = subprocess.run(
-        [sys.executable, str(HERE), case, str(folder), str(port)],
+        [sys.executable, str(HERE), str(folder), str(port)],
         capture_output=True,
         text=True,
         timeout=3 * GROUP_TIMEOUT_S + 60,
@@ -44,11 +47,19 @@ def run_case(case: str, folder: Path) -> list[dict]:
         cwd=REPO,
     )
     assert out.returncode == 0, out.stderr[-4000:]
-    return [json.loads((folder / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    return {
+        case: [json.loads((folder / case / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+        for case in CASES
+    }
 
 
-def test_no_rank_returns_from_save_before_rank_0_has_published_the_checkpoint(tmp_path):
-    ranks = run_case("slow-rename", tmp_path)
+def test_no_rank_returns_before_rank_0_has_published_and_a_failed_rename_fails_every_rank(
+    tmp_path,
+):
+    cases = run_cases(tmp_path)
+
+    # slow-rename: no rank returns from save before rank 0 has published the checkpoint
+    ranks = cases["slow-rename"]
     for rank, seen in enumerate(ranks):
         assert seen["error"] is None, (rank, seen)
         assert seen["renames_held"] == (1 if rank == 0 else 0), (rank, seen)
@@ -58,9 +69,8 @@ def test_no_rank_returns_from_save_before_rank_0_has_published_the_checkpoint(tm
         assert seen["partial_left"] is False, (rank, seen)
         assert seen["meta_step"] == STEP, (rank, seen)
 
-
-def test_a_failed_rename_on_rank_0_fails_the_save_on_every_rank(tmp_path):
-    ranks = run_case("failed-rename", tmp_path)
+    # failed-rename: a rename that fails on rank 0 fails the save on every rank
+    ranks = cases["failed-rename"]
     assert ranks[0]["renames_held"] == 1
     for rank in (1, 0):
         seen = ranks[rank]
@@ -76,13 +86,14 @@ def test_a_failed_rename_on_rank_0_fails_the_save_on_every_rank(tmp_path):
 # ---------------------------------------------------------------- the script
 
 
-def _hold_partial_renames(case: str, count: list[int]) -> None:
+def _hold_partial_renames(case: str, count: list[int]) -> dict:
     """Rank 0's os.rename and os.replace (pathlib's rename calls os.rename) of the partial
-    directory: slowed, or failing with EACCES. Every other rename is left alone."""
-    for name in ("rename", "replace"):
-        real = getattr(os, name)
+    directory: slowed, or failing with EACCES. Every other rename is left alone. Returns the
+    real functions, to put back."""
+    real = {name: getattr(os, name) for name in ("rename", "replace")}
+    for name, function in real.items():
 
-        def held(src, dst, *args, _real=real, **kwargs):
+        def held(src, dst, *args, _real=function, **kwargs):
             if Path(os.fsdecode(src)).name.endswith(".partial") and Path(src).is_dir():
                 count[0] += 1
                 if case == "failed-rename":
@@ -91,15 +102,12 @@ def _hold_partial_renames(case: str, count: list[int]) -> None:
             return _real(src, dst, *args, **kwargs)
 
         setattr(os, name, held)
+    return real
 
 
-def _rank_main(rank: int, case: str, folder: Path, port: int) -> None:
+def _rank_main(rank: int, folder: Path, port: int) -> None:
     import torch
     import torch.distributed as dist
-    from torch import nn
-
-    from engine import checkpoint as ckpt
-    from engine.checkpoint import sharded
 
     dist.init_process_group(
         "gloo",
@@ -108,16 +116,30 @@ def _rank_main(rank: int, case: str, folder: Path, port: int) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
     )
-    torch.manual_seed(0)
+    for case in CASES:
+        torch.manual_seed(0)
+        _run_case(rank, case, folder / case)
+        dist.barrier()  # both ranks have looked before the next case saves
+    dist.destroy_process_group()
+
+
+def _run_case(rank: int, case: str, folder: Path) -> None:
+    import torch
+    from torch import nn
+
+    from engine import checkpoint as ckpt
+    from engine.checkpoint import sharded
+
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.randn(5, 4)).square().mean().backward()
     optimizer.step()
+    folder.mkdir(parents=True, exist_ok=True)
     checkpoints = folder / "checkpoints"
     path = ckpt.sharded_path(checkpoints, STEP)
-    held = [0]
+    held, real = [0], {}
     if rank == 0:
-        _hold_partial_renames(case, held)
+        real = _hold_partial_renames(case, held)
     seen = {"error": None}
     try:
         sharded.save(path, model, optimizer, {"step": STEP})
@@ -136,11 +158,12 @@ def _rank_main(rank: int, case: str, folder: Path, port: int) -> None:
     seen["listed"] = [p.name for p in ckpt.list_checkpoints(checkpoints)]
     seen["meta_step"] = sharded.read_meta(path)["step"] if seen["published"] else None
     seen["renames_held"] = held[0]
+    for name, function in real.items():
+        setattr(os, name, function)
     (folder / f"rank-{rank}.json").write_text(json.dumps(seen))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    mp.spawn(_rank_main, args=(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])), nprocs=2)
+    mp.spawn(_rank_main, args=(Path(sys.argv[1]), int(sys.argv[2])), nprocs=2)

@@ -311,14 +311,15 @@ def test_on_cuda_the_batch_is_pinned_decoded_by_nvjpeg_and_close_to_cpu_decode(t
 
 
 @pytest.mark.slow
-def test_trains_and_evaluates_through_the_engine_with_decode_gpu(tmp_path):
+def test_trains_and_evaluates_through_the_engine_with_decode_gpu(tmp_path, train_here):
     root = write_image_folder(tmp_path / "imagenet")
     plant_png_as_jpeg(root / "train" / wnid(2) / f"{wnid(2)}_1.JPEG")
     settle(root)
     tiny = ["model.arch=resnet18", "train.batch_size=6", "eval.batch_size=4"]
     tiny += ["data.augment.train_size=32", "data.augment.eval_resize=36"]
     tiny += ["data.augment.eval_size=32", "loader.num_workers=2", "train.max_steps=3"]
-    run_engine(tmp_path, "gpu", *tiny, f"data.root={root}", "data.decode=gpu", recipe="imagenet")
+    gpu = [*tiny, f"data.root={root}", "data.decode=gpu"]
+    train_here(tmp_path, "gpu", *gpu, recipe="imagenet")  # tests/engine/conftest.py
     (evaluation,) = records(tmp_path, "gpu", "eval", "imagenet")
     assert evaluation["count"] == 6
     refused = run_engine(

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from engine import checkpoint as ckpt
+from engine import export
 from engine.config import build_section, with_weights_init
 from recipes.gpt.model import ModelConfig, flops_per_token
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
@@ -88,14 +89,6 @@ def fsdp(root):
     return root
 
 
-@pytest.fixture(scope="module")
-def stopped(root):
-    """An FSDP run stopped at step 4 (its sharded checkpoint), and a copy to resume on 1."""
-    gpt(root, "stopped", *FSDP, "train.stop_at_step=4")
-    shutil.copytree(run_dir(root, "stopped", "gpt"), run_dir(root, "on-one", "gpt"))
-    return root
-
-
 def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert close(losses(fsdp, "fsdp"), losses(ddp, "ddp"), TOLERANCE)
     # per byte from the first step: an untrained model's loss is ln 256 (a sum per sample,
@@ -121,22 +114,23 @@ def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert train["mfu"] == pytest.approx(train["samples_per_s"] * declared / 2e12)  # 2 x 1 TF
 
 
-def test_a_sharded_checkpoint_resumes_on_two_processes_bitwise(fsdp, stopped):
-    out = gpt(stopped, "stopped", *FSDP)
-    assert "resuming from" in out.stderr and "step-00000004 (epoch 0, step 4)" in out.stderr
-    assert losses(stopped, "stopped") == losses(fsdp, "fsdp")
-    assert final_eval(stopped, "stopped") == final_eval(fsdp, "fsdp")
-    assert trained_ids(stopped, "stopped") == trained_ids(fsdp, "fsdp")
+def test_a_sharded_checkpoint_resumes_on_one_process(fsdp, train_here, capsys):
+    """The FSDP run's step-4 checkpoint (two processes wrote it) resumed on one (this one:
+    tests/engine/conftest.py): the same samples, the same losses within float rounding."""
+    middle = run_dir(fsdp, "fsdp", "gpt") / "checkpoints" / "step-00000004"
+    capsys.readouterr()
+    train_here(fsdp, "on-one", *FSDP, f"resume={middle}", recipe="gpt")
+    said = capsys.readouterr().err
+    assert f"resuming from {middle} (epoch 0, step 4)" in said, said
+    assert trained_ids(fsdp, "on-one") == trained_ids(fsdp, "fsdp")[4:]
+    assert close(losses(fsdp, "on-one"), losses(fsdp, "fsdp")[4:], TOLERANCE)
+    assert abs(final_eval(fsdp, "on-one")["loss"] - final_eval(fsdp, "fsdp")["loss"]) < 1e-4
 
 
-def test_a_sharded_checkpoint_resumes_on_one_process(fsdp, stopped):
-    gpt(stopped, "on-one", *FSDP, procs=1)
-    assert trained_ids(stopped, "on-one") == trained_ids(fsdp, "fsdp")
-    assert close(losses(stopped, "on-one"), losses(fsdp, "fsdp"), TOLERANCE)
-    assert abs(final_eval(stopped, "on-one")["loss"] - final_eval(fsdp, "fsdp")["loss"]) < 1e-4
-
-
-def test_a_checkpoint_killed_mid_write_is_never_chosen(root):
+def test_a_checkpoint_killed_mid_write_is_never_chosen_and_the_last_resumes_bitwise(root):
+    """Killed while writing step 8's checkpoint, the run resumes from step 4's on two
+    processes as if never stopped: the same samples, losses, evaluation and dropout masks
+    (each rank's RNG stream restored)."""
     gpt(root, "uninterrupted", *DROPOUT)
     args = [*torchrun(2), "gpt", *QUIET, f"run.root={root}", "run.name=killed", *DROPOUT]
     proc = subprocess.Popen(
@@ -156,9 +150,11 @@ def test_a_checkpoint_killed_mid_write_is_never_chosen(root):
     proc.wait()
     assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-00000004"]
     out = gpt(root, "killed", *DROPOUT)
-    assert "removed .step-00000008.partial" in out.stderr and "step 4)" in out.stderr
+    assert "removed .step-00000008.partial" in out.stderr, out.stderr
+    assert "resuming from" in out.stderr and "step-00000004 (epoch 0, step 4)" in out.stderr
     assert losses(root, "killed") == losses(root, "uninterrupted")
     assert final_eval(root, "killed") == final_eval(root, "uninterrupted")
+    assert trained_ids(root, "killed") == trained_ids(root, "uninterrupted")
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]
 
 
@@ -177,63 +173,65 @@ import json, sys
 import torch
 from engine.config import build_section, with_weights_init
 from recipes.gpt.recipe import RECIPE
-config, weights = json.loads(sys.argv[1]), sys.argv[2]
-if weights.endswith(".pt"):
-    state = torch.load(weights, map_location="cpu", weights_only=True)
-else:
-    from safetensors.torch import load_file
-    state = load_file(weights)
-model_config = with_weights_init(RECIPE.model_config)  # the engine adds model.init_from etc.
-model = RECIPE.build_model(build_section("model", model_config, config["model"]))
-model.load_state_dict(state, strict=True)
-_, held_out = RECIPE.build_datasets(build_section("data", RECIPE.data_config, config["data"]))
-loss = count = 0.0
-with torch.no_grad():
-    for i in range(0, len(held_out), 64):
-        x, y = (torch.stack(t) for t in zip(*(held_out[j] for j in range(i, min(i + 64, len(held_out))))))
-        sums = RECIPE.task.eval_sums(model.eval()(x), y)
-        loss, count = loss + sums["loss"].sum().item(), count + sums["count"].sum().item()
-print(json.dumps({"loss": loss / count}))
+losses = []
+for config, weights in json.loads(sys.argv[1]):
+    if weights.endswith(".pt"):
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    else:
+        from safetensors.torch import load_file
+        state = load_file(weights)
+    model_config = with_weights_init(RECIPE.model_config)  # the engine adds model.init_from etc.
+    model = RECIPE.build_model(build_section("model", model_config, config["model"]))
+    model.load_state_dict(state, strict=True)
+    _, held_out = RECIPE.build_datasets(build_section("data", RECIPE.data_config, config["data"]))
+    loss = count = 0.0
+    with torch.no_grad():
+        for i in range(0, len(held_out), 64):
+            x, y = (torch.stack(t) for t in zip(*(held_out[j] for j in range(i, min(i + 64, len(held_out))))))
+            sums = RECIPE.task.eval_sums(model.eval()(x), y)
+            loss, count = loss + sums["loss"].sum().item(), count + sums["count"].sum().item()
+    losses.append(loss / count)
+print(json.dumps(losses))
 """
-
-
-@pytest.mark.parametrize("run, checkpoint, suffix", [
+EXPORTS = [
     ("ddp", "step-00000008.pt", ".pt"),
     ("fsdp", "step-00000008", ".pt"),
     ("fsdp", "step-00000008", ".safetensors"),
-])  # fmt: skip
-def test_an_export_loads_in_one_plain_process_with_the_runs_eval_loss(
-    ddp, fsdp, tmp_path, run, checkpoint, suffix
-):
-    source = run_dir(ddp, run, "gpt") / "checkpoints" / checkpoint
-    out = tmp_path / f"weights{suffix}"
-    exported = subprocess.run(
-        [sys.executable, "-m", "engine.export", str(source), str(out)],
-        cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert exported.returncode == 0, exported.stderr
-    config = ckpt.load(source)["config"]
+]
+
+
+def test_exports_load_in_one_plain_process_with_the_runs_eval_loss(ddp, fsdp, tmp_path):
+    """Each export (a DDP checkpoint's, an FSDP one's as .pt and as .safetensors) loads
+    strictly into the recipe's model in a fresh process, without the engine's run or a
+    process group, and evaluates to the run's loss."""
+    jobs = []
+    for run, checkpoint, suffix in EXPORTS:
+        source = run_dir(ddp, run, "gpt") / "checkpoints" / checkpoint
+        out = tmp_path / f"{run}-{checkpoint}{suffix}"
+        assert export.main([str(source), str(out)]) == 0, (run, checkpoint, suffix)
+        jobs.append((ckpt.load(source)["config"], str(out)))
     fresh = subprocess.run(
-        [sys.executable, "-c", EVALUATE, json.dumps(config), str(out)],
+        [sys.executable, "-c", EVALUATE, json.dumps(jobs)],
         cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert fresh.returncode == 0, fresh.stderr
-    result = json.loads(fresh.stdout)
-    assert abs(result["loss"] - final_eval(ddp, run)["loss"]) < 1e-6
+    for (run, checkpoint, suffix), loss in zip(EXPORTS, json.loads(fresh.stdout), strict=True):
+        assert abs(loss - final_eval(ddp, run)["loss"]) < 1e-6, (run, checkpoint, suffix)
 
 
-def test_activation_checkpointing_changes_nothing_but_memory(tmp_path):
-    """Dropout on: the recomputed forward must draw the same masks."""
+def test_activation_checkpointing_changes_nothing_but_memory(tmp_path, train_here):
+    """Dropout on: the recomputed forward must draw the same masks. (One process each, in
+    this one: tests/engine/conftest.py.)"""
     same = ["train.max_steps=4", "log.every_steps=1", "model.dropout=0.2"]
-    gpt(tmp_path, "kept", *same, procs=1)
-    gpt(tmp_path, "recomputed", *same, "train.activation_checkpointing=true", procs=1)
+    train_here(tmp_path, "kept", *same, recipe="gpt")
+    train_here(tmp_path, "recomputed", *same, "train.activation_checkpointing=true", recipe="gpt")
     assert losses(tmp_path, "recomputed") == losses(tmp_path, "kept")
     assert final_eval(tmp_path, "recomputed") == final_eval(tmp_path, "kept")
 
 
-def test_one_process_with_accumulation_trains_like_two(ddp, tmp_path):
+def test_one_process_with_accumulation_trains_like_two(ddp, tmp_path, train_here):
     """The loss is normalised by the global token count, whatever the split."""
-    gpt(tmp_path, "accumulated", *GPT, "train.micro_batch_size=8", procs=1)
+    train_here(tmp_path, "accumulated", *GPT, "train.micro_batch_size=8", recipe="gpt")
     assert close(losses(tmp_path, "accumulated"), losses(ddp, "ddp"), TOLERANCE)
 
 
@@ -279,12 +277,13 @@ def test_bf16_mixed_precision_keeps_fp32_weights_and_trains_alike(fsdp, tmp_path
     assert {t.dtype for t in saved.values()} == {torch.float32}
 
 
-def test_init_from_loads_into_a_model_sharded_from_the_meta_device(tmp_path):
+def test_init_from_loads_into_a_model_sharded_from_the_meta_device(ddp, tmp_path):
     """gpt is built on the meta device and initialised shard by shard under FSDP: a file's
-    weights go into each process's shards (every process read the whole file). At lr x 0 the
-    sharded run's checkpoint holds exactly the file's weights."""
-    gpt(tmp_path, "base", "train.max_steps=2", procs=1)
-    source = helpers_export(tmp_path)
+    weights (the DDP run's, exported) go into each process's shards (every process read the
+    whole file). At lr x 0 the sharded run's checkpoint holds exactly the file's weights."""
+    source = tmp_path / "base.pt"
+    tensors, info = export.read_weights(export.resolve(run_dir(ddp, "ddp", "gpt")), ema=False)
+    export.write(tensors, source, info)
     gpt(
         tmp_path,
         "ft",
@@ -303,13 +302,3 @@ def test_init_from_loads_into_a_model_sharded_from_the_meta_device(tmp_path):
     assert all(torch.equal(loaded[k], base[k]) for k in base)
     init = json.loads((run_dir(tmp_path, "ft", "gpt") / "summary.json").read_text())["init"]
     assert init["loaded"] == len(base) and init["reinitialised"] == []
-
-
-def helpers_export(root: Path) -> Path:
-    """The base run's final weights as an export (.pt)."""
-    from engine import export
-
-    out = root / "base.pt"
-    tensors, info = export.read_weights(export.resolve(run_dir(root, "base", "gpt")), ema=False)
-    export.write(tensors, out, info)
-    return out
