@@ -24,11 +24,13 @@ LOADING_DIRS = ("engine", "launch", "recipes", "bench")
 
 
 def python_files(folder: Path) -> list[Path]:
-    """Every .py file under folder, outside git's folder and any virtual environment."""
-    skip = {p.parent for p in folder.rglob("pyvenv.cfg")} | {folder / ".git"}
-    return sorted(
-        p for p in folder.rglob("*.py") if not any(parent in skip for parent in p.parents)
-    )
+    """Every .py file of the repository under folder, tracked or new, as git lists them: not
+    the virtual environment, nor runs/ (each run keeps a snapshot of the code it ran)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "*.py"],
+        cwd=folder, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return sorted(p for p in {folder / n for n in listed.split("\0") if n} if p.is_file())
 
 
 def dotted(node: ast.expr) -> tuple[str, ...]:
