@@ -105,3 +105,32 @@ def pytest_terminal_summary(terminalreporter):
     for folder, seconds in sorted(_seconds_by_folder.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {folder}")
     terminalreporter.write_line(f"{total:8.1f}s total")
+
+
+@pytest.fixture(scope="session")
+def train_here():
+    """Trains as `python -m engine.train RECIPE QUIET run.root=ROOT run.name=NAME OVERRIDES`
+    would (engine.train.train, one process, one thread as tests.helpers.engine_env gives the
+    engine's processes), but in this process: for tests whose subject is what a run trains,
+    not the process (its start-up, exit status or signals). The global flags and the thread
+    count it changes are put back after each run; rank 0's lines are in the run's train.log
+    (and on this process's stderr)."""
+    import torch
+
+    from engine.catalog import load_config
+    from engine.train import train
+    from tests.helpers import QUIET, backend_flags, set_backend_flags
+
+    def run(root, name: str, *overrides: str, recipe: str = "digits", variant: str = "") -> None:
+        args = [*QUIET, f"run.root={root}", f"run.name={name}", *overrides]
+        cfg, recipe_ = load_config(recipe, args, variant)
+        threads = torch.get_num_threads()
+        saved = backend_flags()
+        torch.set_num_threads(1)
+        try:
+            assert train(cfg, recipe_) == 0
+        finally:
+            torch.set_num_threads(threads)
+            set_backend_flags(saved)
+
+    return run

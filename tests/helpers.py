@@ -240,3 +240,20 @@ def cache_stand_in_weights(name: str, arch: str, torch_home: Path, seed: int = 0
     classes = len(entry.meta["categories"])
     torch.save(torchvision.models.get_model(arch, num_classes=classes).state_dict(), path)
     return path
+
+
+def backend_flags() -> tuple:
+    return (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+    )
+
+
+def set_backend_flags(saved: tuple) -> None:
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
+    torch.backends.cudnn.deterministic = saved[3]
+    torch.use_deterministic_algorithms(saved[4])

@@ -30,15 +30,12 @@ WITHOUT_TIMM = (
 )
 
 
+IMAGENET = ["train.batch_size=6", "eval.batch_size=4", "loader.num_workers=0", "log.every_steps=1"]
+
+
 def imagenet(root, name, *overrides, prefix=None, check=True):
-    common = [
-        "train.batch_size=6",
-        "eval.batch_size=4",
-        "loader.num_workers=0",
-        "log.every_steps=1",
-    ]
     return run_engine(
-        root, name, *common, *overrides, recipe="imagenet", prefix=prefix, check=check
+        root, name, *IMAGENET, *overrides, recipe="imagenet", prefix=prefix, check=check
     )
 
 
@@ -66,12 +63,13 @@ def test_the_timm_version_is_the_locked_one():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, size", MODELS)
-def test_a_timm_model_trains_and_evaluates(tmp_path, arch, size):
+def test_a_timm_model_trains_and_evaluates(tmp_path, arch, size, train_here):
     pytest.importorskip("timm")
     data = write_image_folder(tmp_path / "imagenet")
     common = [f"data.root={data}", f"model.arch=timm/{arch}", *sizes(size)]
     # log.peak_tflops: the engine counts the model's FLOPs (on the meta device) for the MFU
-    imagenet(tmp_path, "t", *common, "train.max_steps=3", "log.peak_tflops=1")
+    train_here(tmp_path, "t", *IMAGENET, *common, "train.max_steps=3", "log.peak_tflops=1",
+               recipe="imagenet")  # fmt: skip
     model = build_model(ModelConfig(arch=f"timm/{arch}", num_classes=3))
     assert type(model).__module__.startswith("timm.models."), type(model)
     weights = final_checkpoint(tmp_path, "t", "imagenet")["model"]
@@ -164,7 +162,7 @@ def test_other_runs_never_import_timm():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["model.safetensors", "pytorch_model.bin"])
-def test_init_from_reads_timms_files_into_a_timm_model(tmp_path, layout):
+def test_init_from_reads_timms_files_into_a_timm_model(tmp_path, layout, train_here):
     """timm's weights as its hub repositories ship them (a 1000-class test_convnext), into a
     3-class timm model: the backbone is the file's, exactly the head is re-initialised."""
     import timm
@@ -178,17 +176,20 @@ def test_init_from_reads_timms_files_into_a_timm_model(tmp_path, layout):
     else:
         torch.save(published, path)
     write_image_folder(tmp_path / "data", classes=3, train_per_class=4, val_per_class=2)
-    out = imagenet(
+    train_here(
         tmp_path,
         "ft",
+        *IMAGENET,
         "model.arch=timm/test_convnext",
         f"data.root={tmp_path / 'data'}",
         f"model.init_from={path}",
         "optim.lr_mult=[head.fc.*=1,*=0]",
         "train.max_steps=2",
         *sizes(32),
+        recipe="imagenet",
     )
-    assert "re-initialised 2 (head.fc.weight, head.fc.bias), left unused 0" in out.stderr
+    log = (run_dir(tmp_path, "ft", "imagenet") / "train.log").read_text()
+    assert "re-initialised 2 (head.fc.weight, head.fc.bias), left unused 0" in log
     trained = final_checkpoint(tmp_path, "ft", "imagenet")["model"]
     params = timm.create_model("test_convnext", num_classes=3).named_parameters()
     body = [name for name, _ in params if not name.startswith("head.fc.")]
