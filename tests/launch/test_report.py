@@ -32,22 +32,24 @@ def launch(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    """The run directories every test here reads (made once: each run costs seconds)."""
+def root(tmp_path_factory, train_here) -> Path:
+    """The run directories every test here reads (made once: each run costs seconds). The
+    single-process runs whose process is not the subject train in the test's process."""
     root = tmp_path_factory.mktemp("runs")
     done = launch("sweep", "--gpus", "0", "--seeds", "2", "--", *helpers.QUIET,
                   f"run.root={root}", "run.name=sw", *SHORT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    first = helpers.run_engine(root, "resumed", *SHORT, "optim.lr=0.2", "train.stop_at_step=8")
-    assert "stopped at step 8" in first.stderr
+    train_here(root, "resumed", *SHORT, "optim.lr=0.2", "train.stop_at_step=8")
+    assert "stopped at step 8" in (helpers.run_dir(root, "resumed") / "train.log").read_text()
     # A copy of the run as it stood then: no evaluation yet and no summary.json.
     shutil.copytree(helpers.run_dir(root, "resumed"), helpers.run_dir(root, "stopped"))
     second = helpers.run_engine(root, "resumed", *SHORT, "optim.lr=0.2")
     assert "resuming from" in second.stderr
     helpers.run_engine(root, "two", *SHORT, prefix=SPAWN_2)
     # Stopped after its first evaluation (step 22), before the end: no summary.json.
-    late = helpers.run_engine(root, "stopped-late", *SHORT, "train.stop_at_step=23")
-    assert "stopped at step 23" in late.stderr
+    train_here(root, "stopped-late", *SHORT, "train.stop_at_step=23")
+    late = (helpers.run_dir(root, "stopped-late") / "train.log").read_text()
+    assert "stopped at step 23" in late
     return root
 
 
@@ -228,9 +230,10 @@ def test_the_seed_sweep_report_embeds_its_chart_and_its_statistics_match_the_see
     assert f"| 2 finished | {top1['mean']:.4f} | {top1['std']:.4f} |" in row
 
 
-def test_a_language_model_is_reported_by_its_eval_loss(tmp_path, capsys):
+def test_a_language_model_is_reported_by_its_eval_loss(tmp_path, capsys, train_here):
     """The headline comes from summary.json (the recipe's task): eval_loss leads the table."""
-    helpers.run_engine(tmp_path, "a", "train.max_steps=4", "optim.lr=0.002", recipe="gpt")
+    train_here(tmp_path, "a", "train.max_steps=4", "optim.lr=0.002", recipe="gpt")
+    capsys.readouterr()  # the run's own lines
     folder = str(tmp_path / "gpt" / "a")
     assert runs.read_run(folder).headline.metric == "loss"
     code, _, err = run_report(folder, capsys=capsys)

@@ -50,11 +50,14 @@ def test_trains_through_jpeg_decode_with_workers_and_evaluates_each_image_once(t
     assert final_checkpoint(tmp_path, "v1", "imagenet")["model"]["fc.weight"].shape[0] == 3
 
 
-def test_ema_and_mixup_cutmix_run_resumes_bitwise(tmp_path, data):
+def test_ema_and_mixup_cutmix_run_resumes_bitwise(tmp_path, data, train_here):
+    """The run through and the first half train in the test's process, the second half in a
+    process of its own: what the resume needs must come from the checkpoint."""
     common = [f"data.root={data}", "train.max_steps=6", "ema.every_steps=1", "ema.warmup_steps=1"]
     common += ["sched.warmup_epochs=0", "sched.warmup_steps=2"]
-    imagenet(tmp_path, "whole", *common, variant="v2")
-    imagenet(tmp_path, "halves", *common, "train.stop_at_step=4", variant="v2")
+    train_here(tmp_path, "whole", *TINY, *common, recipe="imagenet", variant="v2")
+    stop = "train.stop_at_step=4"
+    train_here(tmp_path, "halves", *TINY, *common, stop, recipe="imagenet", variant="v2")
     imagenet(tmp_path, "halves", *common, variant="v2")
     whole = final_checkpoint(tmp_path, "whole", "imagenet")
     halves = final_checkpoint(tmp_path, "halves", "imagenet")
