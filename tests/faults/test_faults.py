@@ -37,16 +37,19 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(root):
-    run_engine(root, "reference", *SHORT)
+def reference(root, train_here):
+    """The SHORT run through, trained in the test's process: every run compared with it
+    starts a process of its own."""
+    train_here(root, "reference", *SHORT)
     return final_weights(root, "reference")
 
 
 @pytest.fixture(scope="module")
-def stopped(root) -> Path:
-    """A SHORT run stopped at step 6 (checkpoints 4 and 6), trained once: each resume test
-    resumes, tampers or refuses a copy of it."""
-    run_engine(root, "stopped", *SHORT, "train.stop_at_step=6")
+def stopped(root, train_here) -> Path:
+    """A SHORT run stopped at step 6 (checkpoints 4 and 6), trained once in the test's
+    process: each resume test resumes, tampers or refuses a copy of it in a process of its
+    own."""
+    train_here(root, "stopped", *SHORT, "train.stop_at_step=6")
     return run_dir(root, "stopped")
 
 
@@ -119,7 +122,7 @@ def test_a_tampered_newest_checkpoint_is_skipped_and_the_run_resumes_bitwise(
     assert ckpt.list_checkpoints(folder)[0].name == "step-00000012.pt"
 
 
-def test_a_torn_metrics_line_is_dropped_on_resume(root, reference):
+def test_a_torn_metrics_line_is_dropped_on_resume(root, reference, train_here):
     """The run got past its last checkpoint (step 6) and was killed after step 7, mid-write
     of step 8's metrics line: metrics.jsonl holds a record of a step the checkpoint does not
     cover and half a line. The resume says the torn line, drops it and the records after the
@@ -139,7 +142,7 @@ def test_a_torn_metrics_line_is_dropped_on_resume(root, reference):
     steps = [r["step"] for r in records(root, "torn", "train")]
     assert steps == list(range(1, 13))  # each step once: no torn or repeated record
     assert same_weights(final_weights(root, "torn"), reference)
-    run_engine(root, "torn-reference", *every_step)
+    train_here(root, "torn-reference", *every_step)
     assert measured(root, "torn") == measured(root, "torn-reference")
 
 
@@ -154,21 +157,23 @@ def measured(root, name) -> list[dict]:
 # ---------------------------------------------------------------- the run directory
 
 
-def test_resume_none_refuses_an_existing_run_and_overwrite_moves_it_aside(root):
-    run_engine(root, "again", *SHORT, "train.max_steps=4")
+def test_resume_none_refuses_an_existing_run_and_overwrite_moves_it_aside(
+    root, stopped, train_here
+):
+    copy_of(stopped, root, "again")
     metrics = (run_dir(root, "again") / "metrics.jsonl").read_text()
     out = run_engine(root, "again", *SHORT, "resume=none", check=False)
     assert out.returncode == 2 and "run.overwrite=true" in one_error_line(out)
     assert (run_dir(root, "again") / "metrics.jsonl").read_text() == metrics
 
-    out = run_engine(
-        root, "again", *SHORT, "train.max_steps=4", "resume=none", "run.overwrite=true"
-    )
+    train_here(root, "again", *SHORT, "train.max_steps=4", "resume=none", "run.overwrite=true")
     (aside,) = root.glob("digits/again.replaced-*")
     assert (aside / "metrics.jsonl").read_text() == metrics
-    assert (aside / "checkpoints" / "step-00000004.pt").exists()
+    assert (aside / "checkpoints" / "step-00000006.pt").exists()
     steps = [r["step"] for r in records(root, "again", "train")]
-    assert steps == sorted(set(steps)) and "resuming" not in out.stderr
+    assert steps == sorted(set(steps))
+    assert "resuming" not in (run_dir(root, "again") / "train.log").read_text()
+    assert ckpt.step_of(ckpt.list_checkpoints(run_dir(root, "again") / "checkpoints")[0]) == 4
 
 
 @pytest.mark.parametrize(
