@@ -109,6 +109,14 @@ def _rank_main(rank: int, folder: Path, port: int) -> None:
     import torch
     import torch.distributed as dist
 
+    # The engine's checkpoint modules import torch.distributed.nn (engine.distributed) and
+    # torch.distributed.checkpoint: imported after the group exists, they would hold it past
+    # destroy_process_group, and gloo's threads would end during interpreter shutdown, which
+    # sometimes aborts a finished rank (SIGABRT; engine/distributed.py says why). Imported
+    # here, first, as the engine does; the group is ended by the engine's ordered shutdown.
+    from engine import distributed as engine_dist
+    from engine.checkpoint import sharded  # noqa: F401
+
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -120,7 +128,7 @@ def _rank_main(rank: int, folder: Path, port: int) -> None:
         torch.manual_seed(0)
         _run_case(rank, case, folder / case)
         dist.barrier()  # both ranks have looked before the next case saves
-    dist.destroy_process_group()
+    engine_dist.shutdown()
 
 
 def _run_case(rank: int, case: str, folder: Path) -> None:
