@@ -20,7 +20,7 @@ from engine.catalog import load_config
 from engine.recipe import Recipe
 from engine.run import Run
 from engine.setup import setup
-from engine.train import train_epoch
+from engine.train import train_steps
 
 
 def result(
@@ -73,9 +73,9 @@ def engine_run(
         try:
             yield run, rec
         finally:
-            run.tracker.close()
-            if run.lock_fd is not None:
-                os.close(run.lock_fd)
+            run.records.tracker.close()
+            if run.records.lock_fd is not None:
+                os.close(run.records.lock_fd)
             del run
             gc.collect()  # ends the loader's persistent workers before the folder goes
 
@@ -101,12 +101,10 @@ class StepClock:
 
 
 def engine_epoch(run: Run) -> StepClock:
-    """One whole epoch through the engine's own loop (train_epoch); the clock holds its
+    """One whole epoch through the engine's own loop (train_steps); the clock holds its
     step times and metric records."""
     clock = StepClock()
-    run.state.position = 0
-    train_epoch(run, clock)
-    run.state.epoch += 1
+    train_steps(run, run.feed.sampler.steps_per_epoch, clock)  # from an epoch's start
     return clock
 
 
@@ -122,21 +120,21 @@ def memory_format_of(model: nn.Module) -> torch.memory_format:
 def twin_optimizer(run: Run, model: nn.Module) -> torch.optim.Optimizer:
     """The engine's optimizer, same class, parameter groups, hyperparameters and fused or
     foreach implementation, on `model` (a second instance of the same architecture)."""
-    twin = dict(zip((id(p) for p in run.bare.parameters()), model.parameters(), strict=True))
+    twin = dict(zip((id(p) for p in run.net.bare.parameters()), model.parameters(), strict=True))
     groups = []
-    for group in run.optimizer.param_groups:
+    for group in run.opt.optimizer.param_groups:
         settings = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
         settings["lr"] = group.get("initial_lr", group["lr"])
         groups.append(settings | {"params": [twin[id(p)] for p in group["params"]]})
-    return type(run.optimizer)(groups, **run.optimizer.defaults)
+    return type(run.opt.optimizer)(groups, **run.opt.optimizer.defaults)
 
 
 def twin_model(run: Run, recipe: Recipe) -> nn.Module:
     """A second instance of the engine's model (same config), in the engine's layout."""
     model = recipe.build_model(run.cfg.model)
-    return model.to(memory_format=memory_format_of(run.bare)).train()
+    return model.to(memory_format=memory_format_of(run.net.bare)).train()
 
 
 def twin_schedule(run: Run, optimizer: torch.optim.Optimizer):
     """The engine's learning-rate schedule (the same function of the step) on `optimizer`."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, run.scheduler.lr_lambdas[0])
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, run.opt.scheduler.lr_lambdas[0])

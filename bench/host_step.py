@@ -100,7 +100,7 @@ def measure(size: Sizes) -> dict:
         model = twin_model(run, rec)
         optimizer = twin_optimizer(run, model)
         schedule = twin_schedule(run, optimizer)
-        data = run.train_data
+        data = run.feed.train_data
 
         def bare() -> float:
             return bare_seconds(model, optimizer, schedule, data, BATCH)

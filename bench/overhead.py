@@ -65,9 +65,9 @@ SMOKE = Sizes(digits_pairs=2, resnet_pairs=1, resnet_px=64, resnet_steps=2)
 
 def engine_rate(run) -> float:
     """Samples per second of one epoch through the engine's own loop."""
-    before = run.state.step
+    before = run.progress.step
     clock = engine_epoch(run)
-    samples = (run.state.step - before) * run.sampler.plan.global_batch
+    samples = (run.progress.step - before) * run.feed.sampler.plan.global_batch
     return samples / (clock.times[-1] - clock.times[0])
 
 
@@ -90,7 +90,7 @@ def bare_loop(run, recipe):
     """The bare side as a function of nothing: one call, one epoch."""
     model = twin_model(run, recipe)
     optimizer = twin_optimizer(run, model)
-    data = run.train_data
+    data = run.feed.train_data
     loader = DataLoader(data, batch_size=run.cfg.train.batch_size, shuffle=True, drop_last=True)
     finish = getattr(data, "finish_on_device", None)
     finish = functools.partial(finish, device=run.device) if finish else (lambda x: x)
@@ -114,10 +114,10 @@ def paired_epochs(run, recipe, pairs: int) -> tuple[list[float], list[float]]:
 
 
 def describe(run) -> str:
-    defaults = run.optimizer.defaults
+    defaults = run.opt.optimizer.defaults
     impl = "fused" if defaults.get("fused") else "foreach" if defaults.get("foreach") else "loop"
-    layout = "channels_last" if memory_format_of(run.bare) == torch.channels_last else "NCHW"
-    return f"{torch.get_num_threads()} threads, {layout}, {type(run.optimizer).__name__} {impl}"
+    layout = "channels_last" if memory_format_of(run.net.bare) == torch.channels_last else "NCHW"
+    return f"{torch.get_num_threads()} threads, {layout}, {type(run.opt.optimizer).__name__} {impl}"
 
 
 def measure(name: str, recipe_name: str, overrides: list[str], pairs: int) -> dict:

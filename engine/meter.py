@@ -8,8 +8,9 @@ import time
 import torch
 
 from engine import config as C
+from engine.parts.records import Speed
 from engine.recipe import Recipe
-from engine.run import Run, Speed
+from engine.run import Run
 from engine.speed import flops_per_sample, gpu_memory_gb, peak_flops
 from engine.tracking import log
 
@@ -56,22 +57,21 @@ class Meter:
         gradient norms summed (the same on every rank), both read by the caller at once."""
         loss = loss_over_ranks / run.denv.world_size
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        st = run.state
         rec = {
             "kind": "train",
-            "step": st.step,
-            "epoch": st.epoch,
+            "step": run.progress.step,
+            "epoch": run.progress.epoch,
             "loss": loss / self.steps,
             "grad_norm": grad_norm / self.steps,
-            "lr": run.optimizer.param_groups[0]["lr"],
+            "lr": run.opt.lr(),
             "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,
         }
         rec |= speed_figures(run, rec["samples_per_s"])
-        if run.skip_bad:
-            rec["bad_samples"] = st.bad_samples
+        if run.health.skip_bad:
+            rec["bad_samples"] = run.health.bad_samples
         if run.cfg.train.nan_policy == "skip":
-            rec["skipped_steps"] = st.skipped_steps
+            rec["skipped_steps"] = run.health.skipped_steps
         if self.windows > 0:  # the first window of an epoch includes the workers' start
             warn_if_starved(run, rec["data_wait"])
         self.windows += 1
@@ -82,7 +82,7 @@ class Meter:
 def speed_figures(run: Run, samples_per_s: float) -> dict:
     """The task's units per second where declared (tokens/s); MFU (achieved / peak FLOP/s of
     all devices) where both are known; rank 0's GPU memory high-water mark on CUDA."""
-    out, speed = {}, run.speed
+    out, speed = {}, run.records.speed
     if speed.units_per_sample:  # e.g. tokens_per_s
         out[f"{run.task.unit}_per_s"] = samples_per_s * speed.units_per_sample
     if speed.flops_per_sample and speed.peak_flops:
@@ -95,9 +95,9 @@ def speed_figures(run: Run, samples_per_s: float) -> dict:
 
 def warn_if_starved(run: Run, data_wait: float) -> None:
     """Once per run: the loader, not the model, sets the pace."""
-    if run.speed.warned_data_wait or data_wait <= run.cfg.log.data_wait_warn:
+    if run.records.speed.warned_data_wait or data_wait <= run.cfg.log.data_wait_warn:
         return
-    run.speed.warned_data_wait = True
+    run.records.speed.warned_data_wait = True
     workers = run.cfg.loader.num_workers
     faster = f" or {run.recipe.faster_input}" if run.recipe.faster_input else ""
     log(

@@ -67,9 +67,9 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
     run = None
     try:
         run = setup(cfg, recipe, denv, device, records=False)
-        metrics = evaluate(run, run.eval_model)
+        metrics = evaluate(run, run.net.eval_model)
         if denv.is_main:
-            found = result(cfg, run.init_record, weights, ema, metrics, denv.world_size)
+            found = result(cfg, run.net.init_record, weights, ema, metrics, denv.world_size)
             found["seconds"] = time.perf_counter() - started
             atomic.write_out(destination, json.dumps(found, indent=2) + "\n")
             log(f"{cfg.recipe} {weights}: {run.task.describe(metrics)}; wrote {destination}")

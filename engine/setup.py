@@ -28,24 +28,32 @@ from engine.ema import build_ema
 from engine.meter import speed_inputs
 from engine.optim import build_optimizer, build_scheduler
 from engine.parallel import Strategy, weights
+from engine.parts.feed import Feed
+from engine.parts.health import Health
+from engine.parts.network import Network
+from engine.parts.optimisation import Optimisation
+from engine.parts.progress import Progress
+from engine.parts.records import Records
 from engine.recipe import Recipe
 from engine.results import task_facts
-from engine.run import Run, State
+from engine.run import Run
 from engine.seeding import seed_process
 from engine.speed import memory_format, set_backend_flags
-from engine.tracking import NullTracker, Tracker, environment, log, redact, wandb_mode
+from engine.tracking import Tracker, environment, log, redact, wandb_mode
 
 
 @dataclass
-class Placed:
-    """The model on its device: bare, averaged, wrapped for training and for evaluation."""
+class Decisions:
+    """What set-up decides once, before anything is built: where the process runs, how the
+    model is wrapped, how the global batch is split, at which precision."""
 
-    bare: nn.Module
-    ema: torch.optim.swa_utils.AveragedModel | None
-    wrapped: nn.Module
-    eval_model: nn.Module
-    layout: torch.memory_format
-    init: dict | None = None  # where the first weights came from (engine.finetune), if a file
+    cfg: C.Config
+    recipe: Recipe
+    denv: D.DistEnv
+    device: torch.device
+    strategy: Strategy
+    plan: BatchPlan
+    dtype: torch.dtype | None  # autocast's; None: off
 
 
 def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
@@ -95,6 +103,7 @@ def setup(
     dtype = amp_dtype(cfg.train.amp, device)
     strategy = P.resolve_strategy(cfg.dist.strategy, denv)
     check_request(cfg, recipe, strategy, device, dtype)
+    decided = Decisions(cfg, recipe, denv, device, strategy, plan, dtype)
     seed_process(cfg.seed, denv.rank)
     data = build_datasets(cfg, recipe)
     model = weights.build(recipe, cfg.model)
@@ -102,14 +111,13 @@ def setup(
     source = resume_source(cfg, run_dir)
     if source:
         check_resumable(cfg, recipe, strategy, source, denv.is_main, code)
-    placed = place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, data[0], source)
-    run = assemble(cfg, recipe, denv, device, strategy, run_dir, plan, dtype, placed, data)
-    run.init_record = source[1].get("init") if source else placed.init
-    run.code = code
+    net = place_model(model, decided, data[0], source)
+    run = assemble(decided, run_dir, net, data)
+    run.records.code = code
     if source:
-        run.state = restore(run, source)
+        restore(run, source)
         if denv.is_main:
-            log(f"resuming from {source[0]} (epoch {run.state.epoch}, step {run.state.step})")
+            log(f"resuming from {source[0]} (epoch {run.progress.epoch}, step {run.progress.step})")
     if records:
         open_run_dir(run, mode)
         if source and denv.is_main:
@@ -125,8 +133,8 @@ def warn_shared_memory(run: Run) -> None:
     /dev/shm (training's and evaluation's workers do not hold batches at the same time)."""
     processes = shm.processes_on_node()
     plans = (
-        (run.train_data, run.sampler.plan.micro_batch),
-        (run.eval_data, run.cfg.eval.batch_size),
+        (run.feed.train_data, run.feed.sampler.plan.micro_batch),
+        (run.feed.eval_data, run.cfg.eval.batch_size),
     )
     for data, batch in plans:
         if isinstance(data, DeviceImages):
@@ -137,11 +145,12 @@ def warn_shared_memory(run: Run) -> None:
             return
 
 
-def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_data, source):
+def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Network:
     """The model with its weights (prepared, initialised by name, or resumed from a single
     file) on the device, wrapped for training. Under FSDP a model on the meta device is
     sharded first and given storage after, so each process only ever holds its own shard; a
     sharded checkpoint is loaded later, with the optimizer (check_format refused a file)."""
+    cfg, recipe, strategy, device = decided.cfg, decided.recipe, decided.strategy, decided.device
     from_file = source is not None and not source[0].is_dir()
     if weights.on_meta(model) and not strategy.shards:
         # unsharded: the whole model on every process anyway (DDP broadcasts it at wrap time)
@@ -152,7 +161,7 @@ def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_d
     if from_file and not on_meta:
         ckpt.load_model_state(model, source[1]["model"], source[0])
     from_weights = not source and finetune.wanted(cfg.model)
-    init = start_from(model, cfg, denv) if from_weights and not on_meta else None
+    init = start_from(model, cfg, decided.denv) if from_weights and not on_meta else None
     finetune.freeze(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
     set_backend_flags(cfg.train, cfg.deterministic)
     # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
@@ -160,16 +169,17 @@ def place_model(model, recipe, cfg, strategy, denv, device, plan, dtype, train_d
     if not on_meta:
         model = model.to(device, memory_format=layout)
     ema = None if on_meta else build_ema(model, cfg.ema)
-    blocks = P.recipe_blocks(recipe, model, cfg)
     wrapped, eval_model = P.wrap(
-        model, blocks, cfg, strategy, denv, device, plan.accum_steps, dtype
-    )
+        model, P.recipe_blocks(recipe, model, cfg), cfg, strategy, decided.denv, device,
+        decided.plan.accum_steps, decided.dtype,
+    )  # fmt: skip
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
         weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
-        init = start_from(model, cfg, denv) if from_weights else None
+        init = start_from(model, cfg, decided.denv) if from_weights else None
         ema = build_ema(model, cfg.ema)
-    return Placed(model, ema, wrapped, eval_model, layout, init)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return Network(wrapped, model, eval_model, strategy, layout, trainable, ema, init)
 
 
 def start_from(model: nn.Module, cfg: C.Config, denv: D.DistEnv) -> dict:
@@ -185,59 +195,57 @@ def start_from(model: nn.Module, cfg: C.Config, denv: D.DistEnv) -> dict:
     return record
 
 
-def assemble(
-    cfg: C.Config,
-    recipe: Recipe,
-    denv: D.DistEnv,
-    device: torch.device,
-    strategy: Strategy,
-    run_dir: Path,
-    plan: BatchPlan,
-    dtype: torch.dtype | None,
-    placed: Placed,
-    data: tuple,
-) -> Run:
-    """The run at step 0: optimizer, schedule, scaler, sampler and loader for the placed model."""
-    model, (train_data, eval_data) = placed.bare, data
-    sampler = GlobalBatchSampler(len(train_data), plan, denv.rank, cfg.seed)
+def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Run:
+    """The run at step 0: its parts built for the placed model."""
+    cfg, denv, device = decided.cfg, decided.denv, decided.device
+    train_data, eval_data = data
+    sampler = GlobalBatchSampler(len(train_data), decided.plan, denv.rank, cfg.seed)
     total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
-    optimizer = build_optimizer(model, cfg.optim, cfg.train.batch_size, device, strategy.shards)
-    skip_bad = bool(getattr(cfg.data, "skip_bad", False))
     return Run(
         cfg=cfg,
-        recipe=recipe,
+        recipe=decided.recipe,
+        task=decided.recipe.task.for_model(cfg.model),
         denv=denv,
         device=device,
-        strategy=strategy,
         run_dir=run_dir,
-        model=placed.wrapped,
-        bare=model,
-        eval_model=placed.eval_model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, total, cfg.sched, sampler.steps_per_epoch),
-        scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
-        sampler=sampler,
-        loader=finish_ahead(
-            train_loader(train_data, sampler, cfg.loader, device, skip_bad),
-            train_data,
-            device,
-            cfg.loader.decode_ahead * plan.accum_steps,
-            placed.layout,
+        net=net,
+        opt=build_optimisation(decided, net.bare, total, sampler.steps_per_epoch),
+        feed=build_feed(decided, net.layout, sampler, train_data, eval_data),
+        progress=Progress(total, cfg.seed, denv.rank, denv.world_size),
+        health=Health(
+            skip_bad=bool(getattr(cfg.data, "skip_bad", False)),
+            first_bad_step=torch.zeros((), dtype=torch.long, device=device),
         ),
-        train_data=train_data,
-        eval_data=eval_data,
-        task=recipe.task.for_model(cfg.model),
-        total_steps=total,
-        amp_dtype=dtype,
-        tracker=NullTracker(),
-        state=State(),
-        speed=speed_inputs(recipe, cfg, device, denv.world_size),
-        ema=placed.ema,
-        mix=build_mix(cfg.mix, getattr(cfg.model, "num_classes", None), cfg.seed),
-        skip_bad=skip_bad,
-        first_bad_step=torch.zeros((), dtype=torch.long, device=device),
-        memory_format=placed.layout,
-        trainable=[p for p in model.parameters() if p.requires_grad],
+        records=Records(
+            speed=speed_inputs(decided.recipe, cfg, device, denv.world_size), config=cfg
+        ),
+    )
+
+
+def build_optimisation(decided: Decisions, model: nn.Module, total: int, epoch_steps: int):
+    cfg, device = decided.cfg, decided.device
+    optimizer = build_optimizer(
+        model, cfg.optim, cfg.train.batch_size, device, decided.strategy.shards
+    )
+    return Optimisation(
+        optimizer,
+        build_scheduler(optimizer, total, cfg.sched, epoch_steps),
+        torch.amp.GradScaler(device.type, enabled=decided.dtype == torch.float16),
+        decided.dtype,
+    )
+
+
+def build_feed(decided: Decisions, layout, sampler, train_data, eval_data) -> Feed:
+    cfg, device = decided.cfg, decided.device
+    skip_bad = bool(getattr(cfg.data, "skip_bad", False))
+    loader = train_loader(train_data, sampler, cfg.loader, device, skip_bad)
+    ahead = cfg.loader.decode_ahead * decided.plan.accum_steps
+    return Feed(
+        sampler,
+        finish_ahead(loader, train_data, device, ahead, layout),
+        train_data,
+        eval_data,
+        build_mix(cfg.mix, getattr(cfg.model, "num_classes", None), cfg.seed),
     )
 
 
@@ -245,20 +253,20 @@ def open_run_dir(run: Run, wandb: str) -> None:
     """Rank 0 claims the run directory and writes config.yaml, env.json and the tracker's
     first records (W&B in mode `wandb`); every rank contributes its host name."""
     cfg, denv = run.cfg, run.denv
-    run.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
+    run.records.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
     if denv.is_main:
         ckpt.atomic_write_text(run.run_dir / "config.yaml", redact(C.dump(cfg)))
-        config = cfg.to_dict() | {"code": run.code}  # W&B's config names the code too
-        run.tracker = Tracker(run.run_dir, cfg.log, wandb, config, run.state.step)
+        config = cfg.to_dict() | {"code": run.records.code}  # W&B's config names the code too
+        run.records.tracker = Tracker(run.run_dir, cfg.log, wandb, config, run.progress.step)
     hosts = D.gather_objects(D.host_name())
     if denv.is_main:
         task = run.task
-        env = environment(denv.world_size, hosts, run.device, run.code)
+        env = environment(denv.world_size, hosts, run.device, run.records.code)
         env["task"] = task_facts(task.headline, task.higher_is_better, task.unit)
         if hasattr(cfg.data, "root"):  # where this machine read the data (config: as asked)
             env["data_root"] = catalog.data_here(cfg).root
-        if run.init_record:
-            env["init"] = run.init_record
+        if run.net.init_record:
+            env["init"] = run.net.init_record
         ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
 
 
@@ -271,20 +279,20 @@ def record_world_change(run: Run, source: tuple[Path, dict]) -> None:
     old, new = saved.get("world_size"), run.denv.world_size
     if old == new:
         return
-    step, plan = saved["step"], run.sampler.plan
+    step, plan = saved["step"], run.feed.sampler.plan
     record = {
         "kind": "world_size",
         "step": step,
         "from": old,
         "to": new,
         "checkpoint": path.name,
-        "redone_steps": run.tracker.last_step - step,
+        "redone_steps": run.records.tracker.last_step - step,
         "accum_steps": plan.accum_steps,
         "micro_batch": plan.micro_batch,
     }
     if "time" in saved:  # absent from checkpoints written before the field
         record["lost_s"] = round(max(time.time() - saved["time"], 0.0), 1)
-    run.tracker.write(record)
+    run.records.tracker.write(record)
     log(
         f"world size {old} -> {new}: resumed from {path.name} (step {step}), "
         f"{record['redone_steps']} step(s) trained again, {plan.accum_steps} accumulation "
@@ -297,11 +305,11 @@ def record_code_change(run: Run, source: tuple[Path, dict]) -> None:
     of the change, in metrics.jsonl and W&B, as a change of world size is recorded."""
     path, saved = source
     old = saved.get("code")
-    if old is None or codeid.same_code(old, run.code):
+    if old is None or codeid.same_code(old, run.records.code):
         return
-    change = codeid.difference(old, run.code)
-    record = {"kind": "code", "step": saved["step"], "from": old, "to": run.code}
-    run.tracker.write(record | {"checkpoint": path.name, "change": change})
+    change = codeid.difference(old, run.records.code)
+    record = {"kind": "code", "step": saved["step"], "from": old, "to": run.records.code}
+    run.records.tracker.write(record | {"checkpoint": path.name, "change": change})
     log(
         f"run.allow_code_change: resumed {path.name} (step {saved['step']}) with other code, {change}"
     )

@@ -475,7 +475,7 @@ def to_log_file(text: str) -> None:
             _LOG_FILE.clear()
 
 
-class Progress:
+class ProgressBar:
     """A tqdm bar on a terminal, plain lines otherwise (CI logs, SLURM output files)."""
 
     def __init__(self, total: int, initial: int, style: str, enabled: bool):

@@ -32,7 +32,7 @@ from engine.run import Run
 from engine.seeding import set_deterministic
 from engine.setup import setup
 from engine.tasks import check_supported
-from engine.tracking import Progress, log, log_to, to_log_file
+from engine.tracking import ProgressBar, log, log_to, to_log_file
 
 PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset")
 
@@ -52,26 +52,26 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     smoothing = run.cfg.train.label_smoothing
     total = None
     for j, batch in enumerate(micro_batches):
-        x, y = run.to_device(batch.x, batch.y, run.train_data)
-        if run.mix is not None:
-            x, y = run.mix(x, y, run.state.epoch, micro_position(run, j))
-        with P.gradient_sync(run.model, run.strategy, last=j == accum - 1):
+        x, y = run.to_device(batch.x, batch.y, run.feed.train_data)
+        if run.feed.mix is not None:
+            x, y = run.feed.mix(x, y, run.progress.epoch, micro_position(run, j))
+        with P.gradient_sync(run.net.model, run.net.strategy, last=j == accum - 1):
             with run.autocast():
                 # DDP and FSDP average gradients over ranks: x world size / global count
                 # makes the step's gradient that of the loss summed over the global batch
                 # divided by its count, for any world size and accumulation.
-                loss = run.task.train_loss(run.model(x), y, smoothing) * scale
+                loss = run.task.train_loss(run.net.model(x), y, smoothing) * scale
             if injected_nan(run):
                 loss = loss * float("nan")
-            run.scaler.scale(loss).backward()
+            run.opt.scaler.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
     norm = gradient_norm(run)
     if apply_step(run, norm):
-        run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()  # the schedule follows the step count, skipped steps included
-    update_ema(run.ema, run.bare, run.state.step + 1, run.cfg.ema)
+        run.opt.scaler.step(run.opt.optimizer)
+    run.opt.scaler.update()
+    run.opt.optimizer.zero_grad(set_to_none=True)
+    run.opt.scheduler.step()  # the schedule follows the step count, skipped steps included
+    update_ema(run.net.ema, run.net.bare, run.progress.step + 1, run.cfg.ema)
     return total, norm
 
 
@@ -81,33 +81,33 @@ def global_count(run: Run, micro_batches: list) -> float | torch.Tensor:
     over the ranks (e.g. tokens not ignored; a collective, on the device, without sync)."""
     counts = [run.task.count(b.y) for b in micro_batches]
     if counts[0] is None:
-        return float(run.sampler.plan.global_batch)
+        return float(run.feed.sampler.plan.global_batch)
     total = torch.stack(counts).sum().to(run.device, torch.float32).reshape(1)
     return D.all_reduce_sum(total).clamp(min=1).reshape(())
 
 
 def micro_position(run: Run, j: int) -> int:
     """The epoch position of micro batch j's first sample: the same for any world size."""
-    plan = run.sampler.plan
-    return run.state.position + run.denv.rank * plan.per_rank + j * plan.micro_batch
+    plan = run.feed.sampler.plan
+    return run.progress.position + run.denv.rank * plan.per_rank + j * plan.micro_batch
 
 
 def injected_nan(run: Run) -> bool:
     fault = run.cfg.fault
-    return fault.nan_at_step == run.state.step + 1 and run.denv.rank == fault.rank
+    return fault.nan_at_step == run.progress.step + 1 and run.denv.rank == fault.rank
 
 
 def gradient_norm(run: Run) -> torch.Tensor:
     """The total norm of the (unscaled, all-reduced) gradients, clipped when configured."""
-    if run.scaler.is_enabled():
-        run.scaler.unscale_(run.optimizer)
-    params = [p for p in run.trainable if p.grad is not None]
+    if run.opt.scaler.is_enabled():
+        run.opt.scaler.unscale_(run.opt.optimizer)
+    params = [p for p in run.net.trainable if p.grad is not None]
     # foreach: one batched norm kernel (by default CPU tensors get one norm call each)
     if run.cfg.train.grad_clip > 0:
         norm = nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip, foreach=True)
     else:
         norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    if run.strategy.shards:  # a DTensor over the shards: the norm of all of them
+    if run.net.strategy.shards:  # a DTensor over the shards: the norm of all of them
         norm = norm.full_tensor()
     return norm.detach()
 
@@ -117,57 +117,57 @@ def apply_step(run: Run, norm: torch.Tensor) -> bool:
     nan_policy=skip reads the norm (one host sync per step); stop takes the step and keeps
     the norm: the norms since the last check are checked together, on the device, before
     each log record and checkpoint (note_bad_steps), and read back there."""
-    if run.scaler.is_enabled():
+    if run.opt.scaler.is_enabled():
         return True
     if run.cfg.train.nan_policy != "skip":
-        run.unchecked_norms.append(norm)
+        run.health.unchecked_norms.append(norm)
         return True
     if torch.isfinite(norm).item():
         return True
-    run.state.skipped_steps += 1
-    log(f"warning: non-finite gradients at step {run.state.step + 1}; step skipped")
+    run.health.skipped_steps += 1
+    log(f"warning: non-finite gradients at step {run.progress.step + 1}; step skipped")
     return False
 
 
 def note_bad_steps(run: Run) -> None:
     """nan_policy=stop: the first step among the unchecked norms whose gradients were not
-    finite into run.first_bad_step (unless one is there already): a few operations per
+    finite into run.health.first_bad_step (unless one is there already): a few operations per
     window on the device, none per step, and no host sync (check_finite reads it)."""
-    norms, run.unchecked_norms = run.unchecked_norms, []
+    norms, run.health.unchecked_norms = run.health.unchecked_norms, []
     if not norms:
         return
     bad = ~torch.isfinite(torch.stack(norms))
-    first = run.state.step - len(norms) + 1  # the norms are those of the latest steps
+    first = run.progress.step - len(norms) + 1  # the norms are those of the latest steps
     step = first + torch.argmax(bad.to(torch.uint8))  # argmax: the first of equal maxima
-    new = bad.any() & (run.first_bad_step == 0)
-    run.first_bad_step = torch.where(new, step, run.first_bad_step)
+    new = bad.any() & (run.health.first_bad_step == 0)
+    run.health.first_bad_step = torch.where(new, step, run.health.first_bad_step)
 
 
 # ---------------------------------------------------------------- epochs
 
 
-def train_epoch(run: Run, progress: Progress) -> str | None:
+def train_epoch(run: Run, bar: ProgressBar) -> str | None:
     """Train to the end of the epoch; returns a reason when training must stop early."""
-    cfg, st, plan = run.cfg, run.state, run.sampler.plan
-    run.sampler.set_epoch(st.epoch, st.position)
+    cfg, st, plan = run.cfg, run.progress, run.feed.sampler.plan
+    run.feed.sampler.set_epoch(st.epoch, st.position)
     meter = Meter(run.device)
-    batches = iter(run.loader)  # the batch sampler is read in this process, at iter()
-    epoch_end = run.sampler.steps_per_epoch * plan.global_batch
-    while st.position < epoch_end and st.step < run.total_steps:
+    batches = iter(run.feed.loader)  # the batch sampler is read in this process, at iter()
+    epoch_end = run.feed.epoch_samples()
+    while st.position < epoch_end and st.step < st.total_steps:
         waited = time.perf_counter()
         micro = [next(batches) for _ in range(plan.accum_steps)]
         slow_data(cfg.fault)
         meter.wait += time.perf_counter() - waited
         if cfg.log.sample_ids:
             write_sample_ids(run, micro)
-        if run.skip_bad:
-            run.pending_bad += sum(int(b.replaced.sum()) for b in micro)
+        if run.health.skip_bad:
+            run.health.pending_bad += sum(int(b.replaced.sum()) for b in micro)
         loss, norm = train_step(run, micro)
         st.step += 1
         st.position += plan.global_batch
         meter.add(loss, norm, plan.global_batch)
         record = log_window(run, meter) if st.step % cfg.log.every_steps == 0 else None
-        progress.update(st.step, record)
+        bar.update(st.step, record)
         reason = stop_reason(run)
         every = cfg.ckpt.every_steps
         if reason or (every and st.step % every == 0 and st.position < epoch_end):
@@ -183,31 +183,31 @@ def log_window(run: Run, meter: Meter) -> dict:
     loss, that count, the gradient norm and the non-finite flag are read back together."""
     note_bad_steps(run)
     summed = meter.loss.detach().clone().reshape(1)
-    if run.skip_bad:  # filled on the device from a host int: no copy from Python data
-        summed = torch.cat([summed, summed.new_full((1,), float(run.pending_bad))])
+    if run.health.skip_bad:  # filled on the device from a host int: no copy from Python data
+        summed = torch.cat([summed, summed.new_full((1,), float(run.health.pending_bad))])
     D.all_reduce_sum(summed)
-    norm, bad = meter.grad_norm.detach(), run.first_bad_step != 0
+    norm, bad = meter.grad_norm.detach(), run.health.first_bad_step != 0
     local = torch.stack([norm.to(summed.dtype), bad.to(summed.dtype)])
     loss, *rest = torch.cat([summed, local]).tolist()
     *count, grad_norm, bad = rest
     if bad:
         check_finite(run)
     if count:
-        run.state.bad_samples += int(count[0])
-        run.pending_bad = 0
+        run.health.bad_samples += int(count[0])
+        run.health.pending_bad = 0
     record = meter.record(run, loss, grad_norm)
-    run.tracker.write(record)
+    run.records.tracker.write(record)
     return record
 
 
 def stop_reason(run: Run) -> str | None:
-    inject_after_step(run.cfg.fault, run.state.step, run.denv.rank)
+    inject_after_step(run.cfg.fault, run.progress.step, run.denv.rank)
     stop_at = run.cfg.train.stop_at_step
-    if stop_at and run.state.step == stop_at and run.state.step < run.total_steps:
+    if stop_at and run.progress.step == stop_at and run.progress.step < run.progress.total_steps:
         return "stop_at_step"
     # Ranks agree on a preemption with a collective, at the steps where metrics are reduced
     # anyway: one more per step would cost a device sync on every step.
-    if run.state.step % run.cfg.log.every_steps == 0 and D.any_rank(
+    if run.progress.step % run.cfg.log.every_steps == 0 and D.any_rank(
         preempt.stop_requested(), run.device
     ):
         return "preempted"
@@ -219,33 +219,49 @@ def write_sample_ids(run: Run, micro: list) -> None:
     gathered = D.gather_objects(ids)
     if run.denv.is_main:
         with (run.run_dir / "samples.jsonl").open("a") as f:
-            f.write(json.dumps({"step": run.state.step, "ids": sorted(sum(gathered, []))}) + "\n")
+            f.write(
+                json.dumps({"step": run.progress.step, "ids": sorted(sum(gathered, []))}) + "\n"
+            )
+
+
+def train_steps(run: Run, steps: int, bar: ProgressBar | None = None) -> None:
+    """`steps` more optimizer steps through the loop, crossing epoch ends as fit() does but
+    without its evaluations and checkpoints: the step API of benchmarks and tests."""
+    st = run.progress
+    st.total_steps = st.step + steps
+    bar = bar or ProgressBar(st.total_steps, st.step, "off", False)
+    while st.step < st.total_steps:
+        reason = train_epoch(run, bar)
+        if reason:
+            raise RunError(f"training stopped early at step {st.step}: {reason}")
+        if st.position >= run.feed.epoch_samples():
+            st.next_epoch()
 
 
 def fit(run: Run) -> str | None:
-    cfg, st = run.cfg, run.state
-    progress = Progress(run.total_steps, st.step, cfg.log.progress, run.denv.is_main)
+    cfg, st = run.cfg, run.progress
+    bar = ProgressBar(st.total_steps, st.step, cfg.log.progress, run.denv.is_main)
     try:
-        while st.step < run.total_steps:
-            reason = train_epoch(run, progress)
+        while st.step < st.total_steps:
+            reason = train_epoch(run, bar)
             if reason:
                 return reason
-            if st.position >= run.sampler.steps_per_epoch * run.sampler.plan.global_batch:
-                end_epoch(run, progress)
-        if not st.last_eval or st.last_eval.get("step") != st.step:
-            st.last_eval = run_eval(run, progress)
+            if st.position >= run.feed.epoch_samples():
+                end_epoch(run, bar)
+        last = run.records.last_eval
+        if not last or last.get("step") != st.step:
+            run.records.last_eval = run_eval(run, bar)
             checkpoint(run)
         return None
     finally:
-        progress.close()
+        bar.close()
 
 
-def end_epoch(run: Run, progress: Progress) -> None:
-    st = run.state
-    st.epoch += 1
-    st.position = 0
-    if st.epoch % run.cfg.eval.every_epochs == 0 or st.step >= run.total_steps:
-        st.last_eval = run_eval(run, progress)
+def end_epoch(run: Run, bar: ProgressBar) -> None:
+    st = run.progress
+    st.next_epoch()
+    if st.epoch % run.cfg.eval.every_epochs == 0 or st.step >= st.total_steps:
+        run.records.last_eval = run_eval(run, bar)
     checkpoint(run)
 
 
@@ -259,7 +275,7 @@ def checkpoint(run: Run) -> None:
 def check_finite(run: Run) -> None:
     """nan_policy=stop: never checkpoint (or go on from) weights that took a non-finite step."""
     note_bad_steps(run)
-    bad = int(run.first_bad_step.item())
+    bad = int(run.health.first_bad_step.item())
     if not bad:
         return
     newest = ckpt.list_checkpoints(run.run_dir / "checkpoints")
@@ -273,11 +289,11 @@ def check_finite(run: Run) -> None:
 
 def flush_bad_count(run: Run) -> None:
     """Sum the ranks' replaced-sample counts into the state (a collective with skip_bad)."""
-    if not run.skip_bad:
+    if not run.health.skip_bad:
         return
-    pending = torch.full((1,), float(run.pending_bad), device=run.device)
-    run.state.bad_samples += int(D.all_reduce_sum(pending).item())
-    run.pending_bad = 0
+    pending = torch.full((1,), float(run.health.pending_bad), device=run.device)
+    run.health.bad_samples += int(D.all_reduce_sum(pending).item())
+    run.health.pending_bad = 0
 
 
 # ---------------------------------------------------------------- one process
@@ -377,7 +393,7 @@ def fit_or_explain(run: Run) -> str | None:
             else "another rank closed its connection"
         )
         raise PeerFailure(
-            f"rank {run.denv.rank}: {what} after step {run.state.step} (in a collective: "
+            f"rank {run.denv.rank}: {what} after step {run.progress.step} (in a collective: "
             "gradients, metrics, checkpoint or evaluation); a rank hung or died, see the "
             f"first failing rank's log. Rerun with run.name={run.cfg.run.name} to resume"
         ) from None
@@ -389,7 +405,7 @@ def conclude(run: Run, reason: str | None, seconds: float) -> int:
     flush_bad_count(run)
     if run.denv.is_main:
         finish(run, reason, seconds)
-    run.tracker.close()
+    run.records.tracker.close()
     code = preempt.EXIT_PREEMPTED if reason == "preempted" else 0
     record_state(run, "stopped" if reason else "finished", code, reason or "")
     return code
@@ -402,7 +418,7 @@ def record_state(run: Run, state: str, exit_code: int | None = None, why: str = 
     if why == "preempted":
         why = f"preempted: {', '.join(preempt.received()) or 'a signal to another rank'}"
     if run.denv.is_main:
-        write_state(run.run_dir, state, run.state.step, run.total_steps, exit_code, why)
+        write_state(run.run_dir, state, run.progress.step, run.progress.total_steps, exit_code, why)
 
 
 def write_state(
@@ -422,7 +438,7 @@ def record_failure(run: Run | None, run_dir: Path, err: BaseException) -> None:
     code = 2 if isinstance(err, C.ConfigError) else 130 if isinstance(err, KeyboardInterrupt) else 1
     why = redact(one_line_of(err))
     to_log_file(f"error: {why}")
-    step, steps = (run.state.step, run.total_steps) if run is not None else (0, None)
+    step, steps = (run.progress.step, run.progress.total_steps) if run is not None else (0, None)
     try:
         write_state(run_dir, "failed", step, steps, code, why)
     except OSError:
@@ -439,7 +455,7 @@ def one_line_of(err: BaseException) -> str:
 
 def finish(run: Run, reason: str | None, seconds: float) -> None:
     """Rank 0: how the run ended, and summary.json for a finished run."""
-    st = run.state
+    st = run.progress
     if reason:
         cause = ", ".join(preempt.received()) or "a signal to another rank"
         why = f"{reason}: {cause}" if reason == "preempted" else reason
@@ -448,7 +464,7 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
             f"run.name={run.cfg.run.name}"
         )
         return
-    ev, task = st.last_eval, run.task
+    ev, task = run.records.last_eval, run.task
     metrics = {summary_name(k): ev[k] for k in metric_names(ev)}
     metrics = {k: v for k, v in metrics.items() if k not in ("kind", "step", "epoch")}
     facts = task_facts(task.headline, task.higher_is_better, task.unit)
@@ -458,13 +474,13 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         "steps": st.step,
         "epochs": st.epoch,
         "world_size": run.denv.world_size,
-        "code": run.code,
+        "code": run.records.code,
     }
-    if run.init_record:
-        summary["init"] = run.init_record
-    if run.skip_bad:
-        summary["bad_samples"] = st.bad_samples
-        log(f"skipped {st.bad_samples} unreadable training samples (data.skip_bad)")
+    if run.net.init_record:
+        summary["init"] = run.net.init_record
+    if run.health.skip_bad:
+        summary["bad_samples"] = run.health.bad_samples
+        log(f"skipped {run.health.bad_samples} unreadable training samples (data.skip_bad)")
     summary["best_checkpoints"] = best.summary(run)  # best first, paths in the run directory
     ckpt.atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     log(

@@ -16,7 +16,7 @@ from bench.gpu.sizes import REFERENCES
 from engine import catalog
 from engine.catalog import data_here, load_config
 from engine.speed import flops_per_sample
-from engine.tracking import Progress
+from engine.tracking import ProgressBar
 from engine.train import fit, run_eval
 from recipes.cifar10 import cifar_files
 
@@ -40,11 +40,11 @@ def cifar_folder(bench: Bench) -> Path:
 def epoch_times(bench: Bench, run) -> dict:
     """Seconds of the first (compiling) epoch, of each timed epoch after it, and of the first
     and second evaluation passes."""
-    spe = run.sampler.steps_per_epoch
+    spe = run.feed.sampler.steps_per_epoch
     out = {"first_epoch_s": round(timed(bench, lambda: engine_steps(run, spe)), 3)}
     epochs = 1 if bench.tight("cifar10_fast") else bench.sizes.cifar_epochs
     out["epochs_s"] = [timed(bench, lambda: engine_steps(run, spe)) for _ in range(epochs)]
-    progress = Progress(1, run.state.step, "off", False)
+    progress = ProgressBar(1, run.progress.step, "off", False)
     out["eval_first_s"] = timed(bench, lambda: run_eval(run, progress))
     out["eval_s"] = timed(bench, lambda: run_eval(run, progress))
     return out
@@ -52,7 +52,7 @@ def epoch_times(bench: Bench, run) -> dict:
 
 def projections(bench: Bench, run, t: dict) -> dict:
     """Epoch time and what it projects for the variant's step budget; throughput and MFU."""
-    spe, batch = run.sampler.steps_per_epoch, run.cfg.train.batch_size
+    spe, batch = run.feed.sampler.steps_per_epoch, run.cfg.train.batch_size
     budget_steps = run.cfg.train.max_steps
     epoch_s = median(t["epochs_s"])
     flops = flops_per_sample(catalog.load("cifar10"), run.cfg)
@@ -118,7 +118,7 @@ def cifar_generated(bench: Bench) -> dict:
     )
     try:
         out["setup_s"] = round(time.perf_counter() - started, 2)  # data to device, whitening
-        spe, budget_steps = run.sampler.steps_per_epoch, run.cfg.train.max_steps
+        spe, budget_steps = run.feed.sampler.steps_per_epoch, run.cfg.train.max_steps
         out |= {"batch": run.cfg.train.batch_size, "steps_per_epoch": spe}
         out |= {"budget_steps": budget_steps, "budget_epochs": round(budget_steps / spe, 2)}
         t = epoch_times(bench, run)
@@ -145,14 +145,14 @@ def cifar_real(bench: Bench) -> dict:
         setup_s = time.perf_counter() - started
         bench.sync()
         seconds = timed(bench, lambda: fit(run))
-        last = run.state.last_eval
+        last = run.records.last_eval
         return {
             "data": "the files at the recipe's data.root",
             "setup_s": round(setup_s, 2),
             "fit_s": round(seconds, 2),
             "fit_note": "the engine's fit(): training, an evaluation and a checkpoint after "
             "every epoch, the first compilation included",
-            "steps": run.state.step,
+            "steps": run.progress.step,
             "top1": last.get("top1"),
             "top5": last.get("top5"),
         }

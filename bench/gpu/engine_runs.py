@@ -13,8 +13,7 @@ from engine import catalog
 from engine import distributed as D
 from engine.catalog import load_config
 from engine.config import ENGINE_SECTIONS
-from engine.tracking import Progress
-from engine.train import setup, train_epoch
+from engine.train import setup, train_steps
 
 
 def has_key(recipe_name: str, dotted: str) -> bool:
@@ -50,46 +49,36 @@ def engine_run(bench: Bench, recipe: str, overrides: list[str], name: str, varia
     ]
     cfg, rec = load_config(recipe, [*common, *overrides], variant)
     run = setup(cfg, rec, D.DistEnv(), bench.device)
-    run.tracker = Capture(run.tracker)
+    run.records.tracker = Capture(run.records.tracker)
     return run
 
 
 def close_run(run) -> None:
     with contextlib.suppress(Exception):
-        run.tracker.close()
-    if getattr(run, "lock_fd", None) is not None:
+        run.records.tracker.close()
+    if run.records.lock_fd is not None:
         with contextlib.suppress(OSError):
-            os.close(run.lock_fd)
-        run.lock_fd = None
-    close = getattr(run.loader, "close", None)  # loader.decode_ahead's thread, first
+            os.close(run.records.lock_fd)
+        run.records.lock_fd = None
+    close = getattr(run.feed.loader, "close", None)  # loader.decode_ahead's thread, first
     if close is not None:
         with contextlib.suppress(Exception):
             close()
-    iterator = getattr(run.loader, "_iterator", None)  # persistent loader workers
+    iterator = getattr(run.feed.loader, "_iterator", None)  # persistent loader workers
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         with contextlib.suppress(Exception):
             iterator._shutdown_workers()
 
 
 def engine_steps(run, n: int) -> None:
-    """n optimizer steps through the engine's own loop (train_epoch), crossing epoch ends as
-    it does, without the evaluation and checkpoint that fit() adds there."""
-    target = run.state.step + n
-    run.total_steps = target
-    progress = Progress(target, run.state.step, "off", False)
-    epoch_samples = run.sampler.steps_per_epoch * run.sampler.plan.global_batch
-    while run.state.step < target:
-        reason = train_epoch(run, progress)
-        if reason:
-            raise RuntimeError(f"the engine stopped early: {reason}")
-        if run.state.position >= epoch_samples:
-            run.state.epoch += 1
-            run.state.position = 0
+    """n optimizer steps through the engine's own loop (engine.train.train_steps), crossing
+    epoch ends as it does, without the evaluation and checkpoint that fit() adds there."""
+    train_steps(run, n)
 
 
 def last_record(run) -> dict | None:
     """The figures of the engine's last train metrics record."""
-    records = [r for r in run.tracker.records if r.get("kind") == "train"]
+    records = [r for r in run.records.tracker.records if r.get("kind") == "train"]
     if not records:
         return None
     keep = ("step", "samples_per_s", "data_wait", "mfu", "gpu_mem_gb")

@@ -104,9 +104,9 @@ def jpeg_overrides(bench: Bench, decode: str, compile_on: bool, workers: int) ->
 def check_epoch_length(bench: Bench, run) -> None:
     s = bench.sizes
     needed = s.jpeg_warmup_steps + (1 + s.jpeg_windows) * s.jpeg_window
-    if run.sampler.steps_per_epoch < needed:
+    if run.feed.sampler.steps_per_epoch < needed:
         raise RuntimeError(
-            f"an epoch of {run.sampler.steps_per_epoch} steps is shorter than the "
+            f"an epoch of {run.feed.sampler.steps_per_epoch} steps is shorter than the "
             f"{needed} steps this measurement needs; raise jpeg_links"
         )
 
@@ -115,7 +115,9 @@ def window_rates(bench: Bench, run, first_timed: int) -> tuple[list[dict], float
     """The engine's metrics windows after `first_timed`: (records, img/s, data-wait fraction),
     both weighted by each window's time."""
     records = [
-        r for r in run.tracker.records if r.get("kind") == "train" and r["step"] > first_timed
+        r
+        for r in run.records.tracker.records
+        if r.get("kind") == "train" and r["step"] > first_timed
     ]
     if not records:
         raise RuntimeError("the engine wrote no metrics records in the timed windows")
@@ -137,7 +139,7 @@ def jpeg_run(bench: Bench, decode: str, compile_on: bool, synthetic: float | Non
         # A second iterator: its first window (the workers refilling their queues) is dropped,
         # so the timed windows see the loader's steady state, not batches decoded while the
         # first steps compiled.
-        first_timed = run.state.step + s.jpeg_window
+        first_timed = run.progress.step + s.jpeg_window
         windows = s.jpeg_windows // (2 if bench.tight("imagenet_jpeg") else 1)
         wall = timed(bench, lambda: engine_steps(run, (1 + windows) * s.jpeg_window))
         records, rate, wait = window_rates(bench, run, first_timed)

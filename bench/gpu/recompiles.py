@@ -12,7 +12,7 @@ from bench.gpu.cifar10 import cifar_folder
 from bench.gpu.compile_log import dynamo_delta, dynamo_snapshot
 from bench.gpu.engine_runs import close_run, engine_run, engine_steps
 from bench.gpu.harness import Bench, timed
-from engine.tracking import Progress
+from engine.tracking import ProgressBar
 from engine.train import run_eval
 
 NO_COMPILATION = {"frames_compiled": 0, "graphs": 0, "recompiles": 0, "graph_breaks": 0}
@@ -28,11 +28,11 @@ def phase(bench: Bench, phases: list, name: str, fn) -> None:
 
 def run_phases(bench: Bench, run) -> list[dict]:
     """Training, an epoch boundary, evaluation and training after it, evaluation again."""
-    spe, batch = run.sampler.steps_per_epoch, run.sampler.plan.global_batch
-    progress = Progress(1, 0, "off", False)
+    spe, batch = run.feed.sampler.steps_per_epoch, run.feed.sampler.plan.global_batch
+    progress = ProgressBar(1, 0, "off", False)
     phases = []
     phase(bench, phases, "train, first 3 steps", lambda: engine_steps(run, 3))
-    run.state.position = max(run.state.position, (spe - 2) * batch)  # near the epoch's end
+    run.progress.position = max(run.progress.position, (spe - 2) * batch)  # near the epoch's end
     phase(bench, phases, "train across the epoch boundary (4 steps)", lambda: engine_steps(run, 4))
     phase(bench, phases, "evaluation (the engine's run_eval)", lambda: run_eval(run, progress))
     phase(bench, phases, "train after evaluation (3 steps)", lambda: engine_steps(run, 3))
@@ -56,7 +56,7 @@ def compile_recompiles(bench: Bench) -> dict:
             raise RuntimeError("torch._dynamo counters are not readable in this torch")
         return {
             "run": "CIFAR-10 fast variant, train.compile=on",
-            "eval_batches": math.ceil(len(run.eval_data) / run.cfg.eval.batch_size),
+            "eval_batches": math.ceil(len(run.feed.eval_data) / run.cfg.eval.batch_size),
             "recompiles": total.get("recompiles", 0),
             "graph_breaks": total.get("graph_breaks", 0),
             "frames_compiled": total.get("frames_compiled", 0),

@@ -99,8 +99,8 @@ def synthetic_overrides(bench: Bench, compile_on: bool) -> list[str]:
 def feed_device_images(bench: Bench, run) -> DeviceImages:
     """The engine's on-device path: no workers, no copies."""
     data = device_images(bench.sizes.device_images, bench.sizes.image, 1000, bench.device)
-    run.train_data = data
-    run.loader = train_loader(data, run.sampler, run.cfg.loader, bench.device)
+    run.feed.train_data = data
+    run.feed.loader = train_loader(data, run.feed.sampler, run.cfg.loader, bench.device)
     return data
 
 
@@ -110,11 +110,11 @@ def bare_twin(bench: Bench, run, data: DeviceImages, compiled: bool) -> tuple[Ba
     layout = torch.channels_last
     model = catalog.load("imagenet").build_model(run.cfg.model)
     model = model.to(bench.device, memory_format=layout)
-    flags = {k: run.optimizer.defaults.get(k) for k in ("fused", "foreach")}
+    flags = {k: run.opt.optimizer.defaults.get(k) for k in ("fused", "foreach")}
     o = run.cfg.optim
     optimizer = torch.optim.SGD(
         model.parameters(),
-        lr=run.optimizer.param_groups[0]["lr"],
+        lr=run.opt.optimizer.param_groups[0]["lr"],
         momentum=o.momentum,
         nesterov=o.nesterov,
         weight_decay=o.weight_decay,
@@ -122,7 +122,9 @@ def bare_twin(bench: Bench, run, data: DeviceImages, compiled: bool) -> tuple[Ba
     )
     if compiled:
         model = torch.compile(model)
-    loop = BareLoop(model, optimizer, data, bench.sizes.batch, run.amp_dtype, bench.device, layout)
+    loop = BareLoop(
+        model, optimizer, data, bench.sizes.batch, run.opt.amp_dtype, bench.device, layout
+    )
     return loop, flags
 
 
@@ -178,7 +180,7 @@ def resnet_pair(bench: Bench, compiled: bool, flops: float, peak: float) -> dict
         bare, flags = bare_twin(bench, run, feed_device_images(bench, run), compiled)
         out = {
             "optimizer_flags": flags,
-            "engine_amp": str(run.amp_dtype),
+            "engine_amp": str(run.opt.amp_dtype),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,  # the engine's set-up sets
             "float32_matmul_precision": torch.get_float32_matmul_precision(),  # both globally
         }

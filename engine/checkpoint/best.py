@@ -4,7 +4,7 @@ sharded one) and never pruned by `ckpt.keep`.
 
 A checkpoint written at the step of the last evaluation is a candidate, with that
 evaluation's headline value (the task says which metric and in which direction); ties keep
-the earlier step. The ranking, [{step, value, file}] best first, is `State.best`: every rank
+the earlier step. The ranking, [{step, value, file}] best first, is `Records.best`: every rank
 computes it before the checkpoint is written, so the checkpoint carries it and a resumed run
 continues it. After the write, rank 0 (holding the run directory's lock) makes best/ match
 it: a missing file is hard-linked from the checkpoint of the same step (copied where links
@@ -50,24 +50,24 @@ def ranked(entries: list[dict], candidate: dict | None, k: int, higher: bool) ->
 def candidate(run, name: str) -> dict | None:
     """The checkpoint about to be written (its file or directory name) as an entry, when it
     follows an evaluation at the same step with a finite headline value."""
-    st, headline = run.state, run.task.headline
-    value = st.last_eval.get(headline) if st.last_eval.get("step") == st.step else None
+    last, step = run.records.last_eval, run.progress.step
+    value = last.get(run.task.headline) if last.get("step") == step else None
     if not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    return {"step": st.step, "value": float(value), "file": name}
+    return {"step": step, "value": float(value), "file": name}
 
 
 def select(run) -> None:
-    """Every rank, before the checkpoint is written: State.best with this checkpoint ranked
+    """Every rank, before the checkpoint is written: Records.best with this checkpoint ranked
     in. ckpt.best=0 leaves it as it is (nothing is ranked, written or removed)."""
     k = run.cfg.ckpt.best
     if k == 0:
         return
     folder_ = run.run_dir / "checkpoints"
-    step = run.state.step
-    path = sharded_path(folder_, step) if run.strategy.fsdp else checkpoint_path(folder_, step)
+    step = run.progress.step
+    path = sharded_path(folder_, step) if run.net.strategy.fsdp else checkpoint_path(folder_, step)
     new = candidate(run, path.name)
-    run.state.best = ranked(run.state.best, new, k, run.task.higher_is_better)
+    run.records.best = ranked(run.records.best, new, k, run.task.higher_is_better)
 
 
 # ---------------------------------------------------------------- files (rank 0)
@@ -75,11 +75,11 @@ def select(run) -> None:
 
 def place(run, written: Path | None = None) -> None:
     """Rank 0, after a checkpoint is written (`written`) or before summary.json: best/ made
-    to match State.best. Never raises for the files: a failure is a warning."""
+    to match Records.best. Never raises for the files: a failure is a warning."""
     if run.cfg.ckpt.best == 0:
         return
     try:
-        run.state.best = sync(run.run_dir, run.state.best, written.name if written else None)
+        run.records.best = sync(run.run_dir, run.records.best, written.name if written else None)
     except OSError as err:
         log(
             f"warning: could not update {folder(run.run_dir)}: {err.strerror or err}"
@@ -178,7 +178,7 @@ def summary(run) -> list[dict[str, Any]]:
     best = folder(run.run_dir)
     return [
         {"step": e["step"], metric: e["value"], "path": f"{FOLDER}/{e['file']}"}
-        for e in run.state.best
+        for e in run.records.best
         if (best / e["file"]).exists()
     ]
 

@@ -1,13 +1,13 @@
 """What a checkpoint holds and how a run is restored from it.
 
 A checkpoint holds the bare model and optimizer states (whole tensors in one file written by
-rank 0, or each rank's shards in a sharded directory), and `meta`: the scheduler and scaler
-states, the position in training, every rank's RNG states, the EMA and the config. Resuming
-refuses a config change that would alter the run it continues."""
+rank 0, or each rank's shards in a sharded directory), and the sum of the run's parts'
+states (engine.parts: the schedule, the position, every rank's RNG states, the EMA, the
+config and code that wrote it), beside them in the file or as the directory's meta.pt.
+Resuming refuses a config change that would alter the run it continues."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,10 @@ from engine import codeid
 from engine import config as C
 from engine import distributed as D
 from engine.checkpoint import best
-from engine.ema import ema_state, load_ema_state
 from engine.faults import RunError, save_pause
 from engine.parallel import Strategy
 from engine.recipe import Recipe
-from engine.run import Run, State
-from engine.seeding import derive_seed, rng_state, seed_process, set_rng_state
+from engine.run import Run
 from engine.tracking import log, redact
 
 
@@ -143,38 +141,20 @@ def check_format(strategy: Strategy, path: Path) -> None:
     )
 
 
-def restore(run: Run, source: tuple[Path, dict]) -> State:
-    """The optimizer, schedule, scaler, RNG and EMA states, and the position in training
-    (the model's weights of a single file were loaded before wrapping)."""
+def restore(run: Run, source: tuple[Path, dict]) -> None:
+    """Every part's state from the checkpoint, and the optimizer's tensors as its format
+    holds them (the model's of a single file were loaded before wrapping)."""
     path, saved = source
     if path.is_dir():  # sharded: every rank reads the parts of the shards it now holds
         from engine.checkpoint import sharded  # start-up time: imports DCP
 
-        sharded.load(path, run.bare, run.optimizer)
+        sharded.load(path, run.net.bare, run.opt.optimizer)
     else:
-        run.optimizer.load_state_dict(saved["optimizer"])
-    run.scheduler.load_state_dict(saved["scheduler"])
-    run.scaler.load_state_dict(saved["scaler"])
-    if saved["world_size"] == run.denv.world_size:
-        set_rng_state(saved["rng"][run.denv.rank])
-    else:  # a different world size: fresh per-rank streams, still a function of the step
-        seed_process(derive_seed(run.cfg.seed, saved["step"]), run.denv.rank)
-    if run.ema is not None:
-        if "ema" not in saved:
-            raise C.ConfigError(
-                f"checkpoint {path} holds no EMA of the weights, but ema.decay is set; "
-                "resume with the config that wrote it (ema.decay=0) or start a new run"
-            )
-        load_ema_state(run.ema, saved["ema"])
-    return State(
-        saved["epoch"],
-        saved["step"],
-        saved["position"],
-        saved.get("last_eval", {}),
-        saved.get("bad_samples", 0),
-        saved.get("skipped_steps", 0),
-        saved.get("best", []),  # none in a checkpoint written before best checkpoints
-    )
+        run.opt.optimizer.load_state_dict(saved["optimizer"])
+    try:
+        run.load_state_dict(saved)
+    except C.ConfigError as err:
+        raise C.ConfigError(f"checkpoint {path} {err}") from None
 
 
 def save(run: Run) -> None:
@@ -183,50 +163,28 @@ def save(run: Run) -> None:
     write stops all of them, not one alone). The checkpoint carries the best checkpoints'
     ranking with itself ranked in (engine.checkpoint.best)."""
     best.select(run)
-    rngs = D.gather_objects(rng_state())
-    if run.strategy.fsdp:
-        error = write_sharded(run, rngs)
+    state = run.state_dict()  # a collective: the RNG states of every rank
+    if run.net.strategy.fsdp:
+        error = write_sharded(run, state)
     else:
-        error = write_file(run, rngs) if run.denv.is_main else None
+        error = write_file(run, state) if run.denv.is_main else None
     if D.any_rank(error is not None, run.device):  # also the barrier: nobody leaves early
         raise RunError(error or "another rank could not write the checkpoint (see its error)")
 
 
-def meta(run: Run, rngs: list) -> dict:
-    """Everything in a checkpoint but the model and optimizer: position, schedule, RNGs."""
-    st = run.state
-    return {
-        "scheduler": run.scheduler.state_dict(),
-        "scaler": run.scaler.state_dict(),
-        "epoch": st.epoch,
-        "step": st.step,
-        "position": st.position,
-        "world_size": run.denv.world_size,
-        "time": time.time(),  # when it was written: a restart reports the time it lost
-        "rng": rngs,
-        "last_eval": st.last_eval,
-        "bad_samples": st.bad_samples,
-        "skipped_steps": st.skipped_steps,
-        "best": st.best,
-        "config": redact(run.cfg.to_dict()),  # never a pasted credential
-        "init": run.init_record,  # the first weights' file, recorded again by a resumed run
-        "code": run.code,  # what a resume compares its own code with
-    }
-
-
-def write_file(run: Run, rngs: list) -> str | None:
-    """Rank 0: the checkpoint file, then pruning, then the best checkpoints (a failure there
-    is a warning); the error line when the disk refuses the checkpoint."""
+def write_file(run: Run, state: dict) -> str | None:
+    """Rank 0: the checkpoint file (the parts' states with the whole model and optimizer
+    tensors), then pruning, then the best checkpoints (a failure there is a warning); the
+    error line when the disk refuses the checkpoint."""
     folder = run.run_dir / "checkpoints"
-    path = ckpt.checkpoint_path(folder, run.state.step)
-    payload = meta(run, rngs) | {
-        "model": run.bare.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
+    step = run.progress.step
+    path = ckpt.checkpoint_path(folder, step)
+    payload = state | {
+        "model": run.net.bare.state_dict(),
+        "optimizer": run.opt.optimizer.state_dict(),
     }
-    if run.ema is not None:
-        payload["ema"] = ema_state(run.ema)
     try:
-        ckpt.atomic_save(payload, path, save_pause(run.cfg.fault, run.state.step))
+        ckpt.atomic_save(payload, path, save_pause(run.cfg.fault, step))
         ckpt.prune(folder, run.cfg.ckpt.keep, path)
     except OSError as err:
         return write_error(run, path, err)
@@ -234,16 +192,17 @@ def write_file(run: Run, rngs: list) -> str | None:
     return None
 
 
-def write_sharded(run: Run, rngs: list) -> str | None:
+def write_sharded(run: Run, state: dict) -> str | None:
     """Every rank: its shard of the model and optimizer, in a directory that is renamed into
-    place once all shards and the metadata are written; rank 0 prunes and places the best."""
+    place once all shards and the parts' states (meta.pt) are written; rank 0 prunes and
+    places the best."""
     folder = run.run_dir / "checkpoints"
-    path = ckpt.sharded_path(folder, run.state.step)
-    pause = save_pause(run.cfg.fault, run.state.step)
+    path = ckpt.sharded_path(folder, run.progress.step)
+    pause = save_pause(run.cfg.fault, run.progress.step)
     from engine.checkpoint import sharded  # start-up time: imports DCP
 
     try:
-        sharded.save(path, run.bare, run.optimizer, meta(run, rngs), pause)
+        sharded.save(path, run.net.bare, run.opt.optimizer, state, pause)
         if run.denv.is_main:
             ckpt.prune(folder, run.cfg.ckpt.keep, path)
     except OSError as err:

@@ -188,12 +188,12 @@ class CountedLoader:
         return len(self.loader)
 
     def __iter__(self):
-        accum, k = self.run.sampler.plan.accum_steps, 0
-        self.watch.step = self.run.state.step + 1
+        accum, k = self.run.feed.sampler.plan.accum_steps, 0
+        self.watch.step = self.run.progress.step + 1
         batches = iter(self.loader)
         while True:
             if k % accum == 0:  # a step's first micro batch: its loading is its work
-                self.watch.step = self.run.state.step + 1
+                self.watch.step = self.run.progress.step + 1
             try:
                 batch = next(batches)
             except StopIteration:
@@ -211,17 +211,19 @@ def engine_run(recipe: str, overrides: list[str], variant: str = ""):
         try:
             yield run
         finally:
-            run.tracker.close()
-            if run.lock_fd is not None:
-                os.close(run.lock_fd)
+            run.records.tracker.close()
+            if run.records.lock_fd is not None:
+                os.close(run.records.lock_fd)
 
 
 def device_state(run) -> list[torch.Tensor]:
     """The tensors a run holds on its device as its steps begin."""
-    modules = [run.model, run.bare] + ([run.ema.module] if run.ema is not None else [])
+    modules = [run.net.model, run.net.bare] + (
+        [run.net.ema.module] if run.net.ema is not None else []
+    )
     held = [t for m in modules for t in (*m.parameters(), *m.buffers())]
-    held += tree_flatten(list(run.optimizer.state.values()))[0] + [run.first_bad_step]
-    data = run.loader.data if isinstance(run.loader, DeviceLoader) else None
+    held += tree_flatten(list(run.opt.optimizer.state.values()))[0] + [run.health.first_bad_step]
+    data = run.feed.loader.data if isinstance(run.feed.loader, DeviceLoader) else None
     if data is not None:
         held += [data.images, data.labels, data.mean, data.std]
     return [t for t in held if isinstance(t, torch.Tensor)]
@@ -230,10 +232,12 @@ def device_state(run) -> list[torch.Tensor]:
 def watched_steps(run, steps: int) -> tuple[Watch, StepClock]:
     """`steps` optimizer steps of the engine's own loop (train_epoch) under the watch; the
     epoch is long enough that no epoch end (evaluation, checkpoint) falls among them."""
-    assert run.sampler.steps_per_epoch > steps
-    run.total_steps = run.cfg.train.stop_at_step = steps  # stop_at_step: a checkpoint after
+    assert run.feed.sampler.steps_per_epoch > steps
+    run.progress.total_steps = run.cfg.train.stop_at_step = (
+        steps  # stop_at_step: a checkpoint after
+    )
     watch, clock = Watch(), StepClock()
-    run.loader = CountedLoader(run.loader, run, watch)
+    run.feed.loader = CountedLoader(run.feed.loader, run, watch)
     mark(device_state(run), host=False)
     checkpoint = T.checkpoint
 
@@ -287,7 +291,7 @@ def test_digits_steps_never_wait_for_the_device(extra):
     with engine_run("digits", [*DIGITS, *extra]) as run:
         assert run.cfg.train.nan_policy == "stop"
         watch, clock = watched_steps(run, steps)
-        assert run.state.step == steps
+        assert run.progress.step == steps
         assert [r["step"] for r in clock.records] == [3, 6]
         assert_no_step_syncs(run, watch, steps)
         logging = [s for s in watch.syncs if s.step in (3, 6)]
@@ -308,9 +312,9 @@ def test_device_dataset_steps_never_wait_for_the_device(tmp_path):
     ]
     steps = 5
     with engine_run("cifar10", overrides, variant="fast") as run:
-        assert type(run.loader).__name__ == "DeviceLoader"
+        assert type(run.feed.loader).__name__ == "DeviceLoader"
         watch, _ = watched_steps(run, steps)
-        assert run.state.step == steps
+        assert run.progress.step == steps
         assert_no_step_syncs(run, watch, steps)
 
 
@@ -384,4 +388,4 @@ def test_a_non_finite_step_is_named_at_the_next_log(tmp_path):
     with engine_run("digits", [*DIGITS, "fault.nan_at_step=2"]) as run:
         with pytest.raises(T.RunError, match="non-finite gradients at step 2;"):
             watched_steps(run, 4)
-        assert run.state.step == 3  # the loop went on to the logging step, then stopped
+        assert run.progress.step == 3  # the loop went on to the logging step, then stopped

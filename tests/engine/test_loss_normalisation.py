@@ -79,24 +79,24 @@ def step_against_reference(root: Path, name: str, rank: int, world: int, accum: 
     device = torch.device("cpu")
     run = setup(cfg, recipe, denv, device)
     try:
-        assert run.denv.world_size == world and run.sampler.plan.accum_steps == accum
+        assert run.denv.world_size == world and run.feed.sampler.plan.accum_steps == accum
         x, y = global_batch()
         assert int((y != IGNORE).sum()) == sum(COUNTED)
 
-        reference = copy.deepcopy(run.bare)  # the weights before the step
+        reference = copy.deepcopy(run.net.bare)  # the weights before the step
         expected_loss = recipe.task.train_loss(reference(x), y, 0.0) / sum(COUNTED)
         expected_loss.backward()
         expected = {n: p.grad.clone() for n, p in reference.named_parameters()}
 
         grads = {}
-        names = {p: n for n, p in run.bare.named_parameters()}
+        names = {p: n for n, p in run.net.bare.named_parameters()}
 
         def keep_gradients(optimizer, args, kwargs):
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     grads[names[p]] = p.grad.detach().clone()
 
-        run.optimizer.register_step_pre_hook(keep_gradients)
+        run.opt.optimizer.register_step_pre_hook(keep_gradients)
         mine = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
         batches = [
             SimpleNamespace(x=xs, y=ys)
@@ -111,9 +111,9 @@ def step_against_reference(root: Path, name: str, rank: int, world: int, accum: 
             "expected": expected,
         }
     finally:
-        run.tracker.close()
-        if run.lock_fd is not None:
-            os.close(run.lock_fd)
+        run.records.tracker.close()
+        if run.records.lock_fd is not None:
+            os.close(run.records.lock_fd)
 
 
 def check(result: dict) -> None:

@@ -45,7 +45,7 @@ def test_device_auto_asked_for_is_saved_as_auto_whatever_it_resolves_to(tmp_path
     try:
         config, env = saved_files(run.run_dir)
     finally:
-        run.tracker.close()
+        run.records.tracker.close()
         run.close()
     assert str(run.device) == env["device"] != "auto"
     assert config["device"] == "auto"

@@ -18,7 +18,7 @@ from engine.evaluate import run_eval
 from engine.optim import implementation
 from engine.setup import setup
 from engine.speed import flops_per_sample, memory_format
-from engine.tracking import Progress
+from engine.tracking import ProgressBar
 from engine.train import train_epoch
 from tests.helpers import records
 
@@ -45,7 +45,7 @@ def build(tmp_path):
 
     yield make
     for run in runs:
-        run.tracker.close()
+        run.records.tracker.close()
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[1:3]
     torch.use_deterministic_algorithms(saved[3])
@@ -57,12 +57,12 @@ def conv_weights(model: nn.Module) -> list[torch.Tensor]:
 
 def test_convolutional_models_train_channels_last_by_default(build):
     run = build("train.max_steps=2")
-    weights = conv_weights(run.bare)
+    weights = conv_weights(run.net.bare)
     assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
     seen = []
-    for conv in (m for m in run.bare.modules() if isinstance(m, nn.Conv2d)):
+    for conv in (m for m in run.net.bare.modules() if isinstance(m, nn.Conv2d)):
         conv.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
-    train_epoch(run, Progress(run.total_steps, 0, "off", False))
+    train_epoch(run, ProgressBar(run.progress.total_steps, 0, "off", False))
     assert seen and all(x.is_contiguous(memory_format=torch.channels_last) for x in seen)
     # NHWC for real: with one channel (the digits input) both layouts coincide, with 32 not
     assert not all(x.is_contiguous() for x in seen)
@@ -70,9 +70,9 @@ def test_convolutional_models_train_channels_last_by_default(build):
 
 def test_channels_last_switch_keeps_the_default_layout(build):
     run = build("train.channels_last=false")
-    assert all(w.is_contiguous() for w in conv_weights(run.bare))
+    assert all(w.is_contiguous() for w in conv_weights(run.net.bare))
     assert not all(
-        w.is_contiguous(memory_format=torch.channels_last) for w in conv_weights(run.bare)
+        w.is_contiguous(memory_format=torch.channels_last) for w in conv_weights(run.net.bare)
     )
 
 
@@ -94,8 +94,8 @@ def test_models_without_2d_convolutions_keep_their_layout():
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
 def test_optimizer_implementation_switch(build, name, choice, fused, foreach):
     run = build(f"optim.name={name}", f"optim.implementation={choice}")
-    assert bool(run.optimizer.defaults["fused"]) is fused
-    assert bool(run.optimizer.defaults["foreach"]) is foreach
+    assert bool(run.opt.optimizer.defaults["fused"]) is fused
+    assert bool(run.opt.optimizer.defaults["foreach"]) is foreach
 
 
 def test_sharded_sgd_falls_back_from_fused_to_foreach():
@@ -135,7 +135,7 @@ def test_tf32_and_cudnn_benchmark_follow_their_switches_and_deterministic(
 
 def test_compile_auto_is_off_on_cpu(build):
     run = build()
-    assert run.model is run.bare and run.eval_model is run.bare
+    assert run.net.model is run.net.bare and run.net.eval_model is run.net.bare
 
 
 @pytest.fixture
@@ -150,21 +150,21 @@ def eager_compile(monkeypatch):
 
 def test_compiled_model_is_used_for_evaluation_without_recompiling(build, eager_compile):
     run = build("train.compile=on", "train.max_steps=2", "eval.batch_size=256")
-    assert isinstance(run.eval_model, torch._dynamo.eval_frame.OptimizedModule)
-    assert run.eval_model._orig_mod is run.bare
-    assert len(run.eval_data) % 256, "the test needs a shorter last evaluation batch"
-    train_epoch(run, Progress(run.total_steps, 0, "off", False))
+    assert isinstance(run.net.eval_model, torch._dynamo.eval_frame.OptimizedModule)
+    assert run.net.eval_model._orig_mod is run.net.bare
+    assert len(run.feed.eval_data) % 256, "the test needs a shorter last evaluation batch"
+    train_epoch(run, ProgressBar(run.progress.total_steps, 0, "off", False))
     before = eager_compile["stats"]["unique_graphs"]
-    progress = Progress(run.total_steps, 0, "off", False)
+    progress = ProgressBar(run.progress.total_steps, 0, "off", False)
     first = run_eval(run, progress)
     # One new graph, for eval mode: the shorter last batch is padded to the batch size
     # rather than compiled again for its shape.
     assert eager_compile["stats"]["unique_graphs"] == before + 1
     second = run_eval(run, progress)
     assert eager_compile["stats"]["unique_graphs"] == before + 1
-    assert first["count"] == len(run.eval_data) and first["top1"] == second["top1"]
-    bare_logits = run.bare.eval()(
-        next(iter(run.loader)).x[:4].contiguous(memory_format=torch.channels_last)
+    assert first["count"] == len(run.feed.eval_data) and first["top1"] == second["top1"]
+    bare_logits = run.net.bare.eval()(
+        next(iter(run.feed.loader)).x[:4].contiguous(memory_format=torch.channels_last)
     )
     assert torch.isfinite(bare_logits).all()
 
@@ -174,7 +174,10 @@ def test_digits_flops_per_sample_are_counted_by_hand(build):
     assert build().speed.flops_per_sample == 0  # no peak on CPU: no MFU, nothing counted
     run = build("log.peak_tflops=1")
     conv = 2 * 9 * (1 * 32 * 64 + 32 * 32 * 64 + 32 * 64 * 16 + 64 * 64 * 16)
-    assert run.speed.flops_per_sample == 3 * (conv + 2 * 64 * 10) and run.speed.peak_flops == 1e12
+    assert (
+        run.records.speed.flops_per_sample == 3 * (conv + 2 * 64 * 10)
+        and run.records.speed.peak_flops == 1e12
+    )
     cfg, recipe = load_config("imagenet", ["model.arch=resnet18", "model.num_classes=1000"])
     assert flops_per_sample(recipe, cfg) == pytest.approx(3 * 3.64e9, rel=0.01)  # 1.82 GMACs
     cfg.data.augment.train_size = 32  # a 1x1 last feature map: batch norm counts in eval mode

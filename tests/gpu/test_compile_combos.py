@@ -1,6 +1,6 @@
 """torch.compile in the combinations no other test runs: DDP with static_graph, FSDP2 with
 each block compiled before it is sharded, activation checkpointing inside the compiled model,
-bf16 autocast with channels_last, and evaluation's separately compiled model (run.eval_model).
+bf16 autocast with channels_last, and evaluation's separately compiled model (run.net.eval_model).
 
 Each test assembles two runs through the engine's own set-up (engine.setup.setup) from the
 same config and seed, one with train.compile=on and one with train.compile=off, trains both
@@ -184,22 +184,22 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def weights(run) -> torch.Tensor:
-    return torch.cat([full(p).flatten() for p in run.trainable])
+    return torch.cat([full(p).flatten() for p in run.net.trainable])
 
 
 def train(run) -> tuple[list[float], torch.Tensor, torch.Tensor]:
     """(the loss of each of the run's steps, the weights before, the weights after), through
     the engine's train_step on the run's own loader."""
     before = weights(run)
-    plan = run.sampler.plan
-    run.sampler.set_epoch(0, 0)
-    batches = iter(run.loader)
+    plan = run.feed.sampler.plan
+    run.feed.sampler.set_epoch(0, 0)
+    batches = iter(run.feed.loader)
     losses = []
-    for _ in range(run.total_steps):
+    for _ in range(run.progress.total_steps):
         micro = [next(batches) for _ in range(plan.accum_steps)]
         loss, _ = train_step(run, micro)
-        run.state.step += 1
-        run.state.position += plan.global_batch
+        run.progress.step += 1
+        run.progress.position += plan.global_batch
         losses.append(loss.item())
     return losses, before, weights(run)
 
@@ -252,12 +252,12 @@ def test_ddp_with_static_graph_compiled_trains_like_eager_ddp(
     assert graphs(compiler) == 0
     run = build(tmp_path, "gpt", True, *options)
     # the bare model compiled in place, inside DDP (engine.parallel.wrap says why)
-    ddp = run.model
-    assert isinstance(ddp, nn.parallel.DistributedDataParallel) and ddp.module is run.bare
-    assert run.bare._compiled_call_impl is not None and run.eval_model is run.bare
+    ddp = run.net.model
+    assert isinstance(ddp, nn.parallel.DistributedDataParallel) and ddp.module is run.net.bare
+    assert run.net.bare._compiled_call_impl is not None and run.net.eval_model is run.net.bare
     assert ddp.static_graph and eager_run.model.static_graph
     compiled = train(run)
-    assert_captured(compiler, run.bare)
+    assert_captured(compiler, run.net.bare)
     assert_matches_eager(compiled, eager, FP32)
 
 
@@ -270,9 +270,9 @@ def test_ddp_compiles_a_model_whose_forward_is_torchs_own_whole(
     options = [*CIFAR, f"data.root={cifar_root}", "dist.strategy=ddp"]
     eager = train(build(tmp_path, "cifar10", False, *options))
     run = build(tmp_path, "cifar10", True, *options)
-    assert isinstance(run.bare, nn.Sequential) and run.model.module is run.bare
+    assert isinstance(run.net.bare, nn.Sequential) and run.net.model.module is run.net.bare
     compiled = train(run)
-    assert_captured(compiler, run.bare)
+    assert_captured(compiler, run.net.bare)
     assert_matches_eager(compiled, eager, FP32_POOLED)
 
 
@@ -288,12 +288,14 @@ def test_fsdp_with_each_block_compiled_trains_like_eager_fsdp(
     eager = train(eager_run)
     assert graphs(compiler) == 0
     run = build(tmp_path, "gpt", True, *options)
-    blocks = list(run.bare.blocks)
-    assert run.model is run.bare and run.eval_model is run.bare  # compiled per block only
-    assert isinstance(run.bare, FSDPModule) and all(isinstance(b, FSDPModule) for b in blocks)
-    assert all(isinstance(p, DTensor) for p in run.bare.parameters())
+    blocks = list(run.net.bare.blocks)
+    assert (
+        run.net.model is run.net.bare and run.net.eval_model is run.net.bare
+    )  # compiled per block only
+    assert isinstance(run.net.bare, FSDPModule) and all(isinstance(b, FSDPModule) for b in blocks)
+    assert all(isinstance(p, DTensor) for p in run.net.bare.parameters())
     assert all(b._compiled_call_impl is not None for b in blocks)
-    assert run.bare._compiled_call_impl is None
+    assert run.net.bare._compiled_call_impl is None
     compiled = train(run)
     # every block runs the same code: one graph may serve all of them
     assert_captured(compiler, blocks[0])
@@ -310,10 +312,10 @@ def saved_bytes(run) -> int:
         total += tensor.numel() * tensor.element_size()
         return tensor
 
-    x, _ = run.to_device(*next(iter(run.loader))[:2], run.train_data)
+    x, _ = run.to_device(*next(iter(run.feed.loader))[:2], run.feed.train_data)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.autocast():
-        run.model(x).float().sum().backward()
-    run.optimizer.zero_grad(set_to_none=True)
+        run.net.model(x).float().sum().backward()
+    run.opt.optimizer.zero_grad(set_to_none=True)
     return total
 
 
@@ -322,7 +324,7 @@ def test_activation_checkpointing_inside_the_compiled_model_trains_like_eager(tm
     eager_run = build(tmp_path, "gpt", False, *options)
     eager = train(eager_run)
     run = build(tmp_path, "gpt", True, *options)
-    assert isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert isinstance(run.net.model, torch._dynamo.eval_frame.OptimizedModule)
     compiled = train(run)
     # The checkpointed blocks inside the one compiled graph, not run eagerly beside it (a
     # graph break around each block would also train, uncompiled).
@@ -342,16 +344,16 @@ def test_bf16_autocast_with_channels_last_compiled_trains_like_eager(
     options = [*CIFAR, f"data.root={cifar_root}", "train.amp=bf16"]
     eager = train(build(tmp_path, "cifar10", False, *options))
     run = build(tmp_path, "cifar10", True, *options)
-    assert run.amp_dtype == torch.bfloat16 and run.memory_format == torch.channels_last
-    assert isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert run.opt.amp_dtype == torch.bfloat16 and run.net.layout == torch.channels_last
+    assert isinstance(run.net.model, torch._dynamo.eval_frame.OptimizedModule)
     compiled = train(run)
-    assert_captured(compiler, run.bare)
-    convs = [m.weight for m in run.bare.modules() if isinstance(m, nn.Conv2d)]
+    assert_captured(compiler, run.net.bare)
+    convs = [m.weight for m in run.net.bare.modules() if isinstance(m, nn.Conv2d)]
     assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
-    x, _ = run.to_device(*next(iter(run.loader))[:2], run.train_data)
+    x, _ = run.to_device(*next(iter(run.feed.loader))[:2], run.feed.train_data)
     assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     with run.autocast():
-        assert run.model(x).dtype == torch.bfloat16
+        assert run.net.model(x).dtype == torch.bfloat16
     assert_matches_eager(compiled, eager, BF16)
 
 
@@ -361,25 +363,28 @@ def test_the_separately_compiled_eval_model_evaluates_like_eager(tmp_path, cifar
     eager = train(eager_run)
     run = build(tmp_path, "cifar10", True, *options)
     compiled = train(run)
-    assert_captured(compiler, run.bare)
+    assert_captured(compiler, run.net.bare)
     assert_matches_eager(compiled, eager, FP32_POOLED)
-    assert isinstance(run.eval_model, torch._dynamo.eval_frame.OptimizedModule)
-    assert run.eval_model._orig_mod is run.bare and run.eval_model is not run.model
+    assert isinstance(run.net.eval_model, torch._dynamo.eval_frame.OptimizedModule)
+    assert run.net.eval_model._orig_mod is run.net.bare and run.net.eval_model is not run.net.model
     assert eager_run.eval_model is eager_run.bare
     before = graphs(compiler)
-    result, eager_result = evaluate(run, run.eval_model), evaluate(eager_run, eager_run.eval_model)
+    result, eager_result = (
+        evaluate(run, run.net.eval_model),
+        evaluate(eager_run, eager_run.eval_model),
+    )
     assert graphs(compiler) == before + 1  # the eval model's own graph, at the padded size
-    again = evaluate(run, run.eval_model)
+    again = evaluate(run, run.net.eval_model)
     assert graphs(compiler) == before + 1  # the padded last batch compiled nothing more
     assert again["loss"] == pytest.approx(result["loss"], rel=1e-6)
-    assert result["count"] == eager_result["count"] == len(run.eval_data) == 20
+    assert result["count"] == eager_result["count"] == len(run.feed.eval_data) == 20
     assert abs(result["loss"] - eager_result["loss"]) <= FP32["loss"] * eager_result["loss"]
     assert abs(result["top1"] - eager_result["top1"]) <= 1 / 20 + 1e-9  # a near tie may flip
     # The compiled eval model against the same weights in eager, on a padded batch (5 of 8).
-    x, _ = run.to_device(*next(iter(run.loader))[:2], run.train_data)
-    run.bare.eval()
+    x, _ = run.to_device(*next(iter(run.feed.loader))[:2], run.feed.train_data)
+    run.net.bare.eval()
     with torch.no_grad():
-        logits, reference = predict(run, run.eval_model, x[:5])[:5], run.bare(x[:5])
+        logits, reference = predict(run, run.net.eval_model, x[:5])[:5], run.net.bare(x[:5])
     assert graphs(compiler) == before + 1
     assert logits.shape == reference.shape == (5, 10)
     assert (logits - reference).abs().max() <= FP32["loss"] * reference.abs().max()

@@ -22,7 +22,8 @@ import torch
 from engine import checkpoint as ckpt
 from engine import export
 from engine.checkpoint import best, sharded
-from engine.run import State
+from engine.parts.progress import Progress
+from engine.parts.records import Records
 from engine.tasks import Classification, NextToken
 from tests import helpers
 
@@ -348,20 +349,20 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def ranked_by_select(task, values: dict[int, float], k: int, run_dir: Path) -> list[dict]:
-    """State.best after best.select ranked a checkpoint at each step, each after an
+    """Records.best after best.select ranked a checkpoint at each step, each after an
     evaluation of the task's headline at that step."""
-    state = State()
     run = SimpleNamespace(
         cfg=SimpleNamespace(ckpt=SimpleNamespace(best=k)),
         run_dir=run_dir,
-        strategy=SimpleNamespace(fsdp=False),
+        net=SimpleNamespace(strategy=SimpleNamespace(fsdp=False)),
         task=task,
-        state=state,
+        progress=Progress(),
+        records=Records(),
     )
     for step, value in values.items():
-        state.step, state.last_eval = step, {"step": step, task.headline: value}
+        run.progress.step, run.records.last_eval = step, {"step": step, task.headline: value}
         best.select(run)
-    return state.best
+    return run.records.best
 
 
 def test_a_lower_is_better_task_keeps_its_lowest_checkpoints(tmp_path):

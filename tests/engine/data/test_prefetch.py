@@ -336,7 +336,7 @@ def test_on_cuda_finished_ahead_is_bitwise_the_step_s_decode_and_launches_fewer_
 
 @pytest.mark.slow
 def test_the_engine_s_loop_through_it_trains_bitwise_as_without(tmp_path, monkeypatch):
-    """engine.train unchanged: iter(run.loader) and run.to_device per micro batch, two micro
+    """engine.train unchanged: iter(run.feed.loader) and run.to_device per micro batch, two micro
     batches per step (two batches ahead), an epoch end, an evaluation, then a run stopped by
     train.stop_at_step mid-epoch; the same weights and evaluation, bit for bit."""
     root = write_image_folder(tmp_path / "imagenet", 2, 6, 2, size=(40, 48))
@@ -383,10 +383,10 @@ def test_the_engine_s_loop_through_it_trains_bitwise_as_without(tmp_path, monkey
         try:
             reason = fit(run)
         finally:
-            run.tracker.close()
+            run.records.tracker.close()
             monkeypatch.undo()
-        results[name] = (reason, run.state.last_eval, run.bare.state_dict())
-        assert isinstance(run.loader, FinishAhead) == ahead_on
+        results[name] = (reason, run.records.last_eval, run.net.bare.state_dict())
+        assert isinstance(run.feed.loader, FinishAhead) == ahead_on
         assert no_thread_within()
     # training (2 micro batches a step), evaluations at the epoch's end (step 3) and the
     # last step; the stopped run's training

@@ -39,15 +39,15 @@ def imagenet_run(folder, tmp_path, *overrides):
         ],
     )
     run = setup(cfg, recipe, D.DistEnv(), torch.device("cpu"), records=False)
-    run.tracker.close()
+    run.records.tracker.close()
     return run
 
 
 def test_a_sample_is_sized_as_the_workers_send_it(folder, tmp_path):
     run = imagenet_run(folder, tmp_path, "data.augment.train_size=64")
-    assert shm.sample_bytes(SeededSamples(run.train_data)) == 3 * 64 * 64  # uint8 CHW
+    assert shm.sample_bytes(SeededSamples(run.feed.train_data)) == 3 * 64 * 64  # uint8 CHW
     # evaluation's crop, not training's
-    assert shm.sample_bytes(SeededSamples(run.eval_data)) == 3 * 224 * 224
+    assert shm.sample_bytes(SeededSamples(run.feed.eval_data)) == 3 * 224 * 224
 
 
 def test_loading_the_sample_leaves_the_rng_as_it_was(folder, tmp_path):
@@ -55,13 +55,16 @@ def test_loading_the_sample_leaves_the_rng_as_it_was(folder, tmp_path):
     torch.manual_seed(3)
     expected = torch.rand(4)
     torch.manual_seed(3)
-    assert shm.sample_bytes(SeededSamples(run.train_data))
+    assert shm.sample_bytes(SeededSamples(run.feed.train_data))
     assert torch.equal(torch.rand(4), expected)
 
 
 def test_the_estimate_multiplies_out_and_warns_above_what_is_free(folder, tmp_path, monkeypatch):
     run = imagenet_run(folder, tmp_path, "data.augment.train_size=64")
-    samples, cfg = SeededSamples(run.train_data), LoaderConfig(num_workers=8, prefetch_factor=4)
+    samples, cfg = (
+        SeededSamples(run.feed.train_data),
+        LoaderConfig(num_workers=8, prefetch_factor=4),
+    )
     need = 8 * 8 * 4 * 32 * 3 * 64 * 64  # processes, workers, prefetch, batch, bytes
     monkeypatch.setattr(shm, "free_bytes", lambda: need)
     assert shm.check(samples, 32, cfg, processes=8) is None  # it just fits
