@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from engine import catalog, finetune, preempt, rundir
+from engine import catalog, preempt, rundir
 from engine import config as C
 from engine import distributed as D
 from engine.data.sampler import check_elastic
@@ -36,6 +36,7 @@ from engine.spawn import spawn_local
 from engine.tasks import check_supported
 from engine.tracking import redact, wandb_env_overrides, wandb_missing_note, wandb_mode
 from engine.train import PeerFailure, train
+from engine.weights import sources
 
 USAGE = (
     "usage: python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] "
@@ -223,7 +224,9 @@ def load(request: Request) -> tuple[C.Config, Recipe]:
     leading = [*(["run.name="] if unnamed else []), *wandb_env_overrides(os.environ)]
     loaded = catalog.load_config(request.recipe, [*leading, *request.overrides], request.config)
     if loaded[0].model.weights:  # the named weights' preprocessing, before anything reads it
-        finetune.follow_weights(loaded[0])
+        from engine.data.images import follow_weights  # start-up time: transforms
+
+        follow_weights(loaded[0], sources.transforms_of)
     if saved_name and is_rank_zero():
         print(
             f"note: {request.config} is the config of run {saved_name!r}; this starts a new "
@@ -253,8 +256,8 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
         if note := wandb_missing_note(cfg.log):
             print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)
-        if request.data_here and finetune.wanted(cfg.model):
-            finetune.source_of(cfg.model)  # model.init_from or model.weights' cached file
+        if request.data_here and sources.wanted(cfg.model):
+            sources.source_of(cfg.model)  # model.init_from or model.weights' cached file
     if request.print_config:
         sys.stdout.write(redact(C.dump(cfg)))
     else:
@@ -266,7 +269,7 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
 def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     denv = D.read_env()  # a half-set environment is a user error too
     spawn = request.spawn
-    preflight(cfg, spawn if spawn > 1 else denv.world_size)
+    preflight(cfg, spawn if spawn > 1 else denv.world_size, training=not request.evaluate)
     if spawn > 1:
         head = [request.recipe, *(["--config", request.config] if request.config else [])]
         head += request.eval_flags()
@@ -290,10 +293,12 @@ def one_line(err: Exception) -> str:
     return last.removeprefix(prefix).removeprefix(f"{type(err).__name__}: ")
 
 
-def preflight(cfg: C.Config, *world_sizes: int) -> None:
+def preflight(cfg: C.Config, *world_sizes: int, training: bool = True) -> None:
     """Checks that need the world size (several: every one an elastic run may take), done
-    once before any process starts or writes; read-only (`--check N` runs exactly these)."""
-    check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, sorted(set(world_sizes)))
+    once before any process starts or writes; read-only (`--check N` runs exactly these).
+    Evaluation alone splits no training batch, so any process count scores."""
+    if training:
+        check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, sorted(set(world_sizes)))
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
     if cfg.run.name:

@@ -34,8 +34,8 @@ import torch
 from engine import checkpoint as ckpt
 from engine.atomic import unwritable
 from engine.checkpoint import best as best_checkpoints
-from engine.checkpoint import weights as checkpoint_weights
 from engine.config import ConfigError
+from engine.weights import files as weight_files
 
 SUFFIXES = (".pt", ".safetensors")
 
@@ -151,7 +151,7 @@ def choose(paths: list[Path], best: bool, average: bool) -> list[Path]:
             raise ExportError(f"{path} does not exist")
     if len(paths) > 1:
         for path in paths:
-            if not (path.is_file() or checkpoint_weights.is_sharded(path)):
+            if not (path.is_file() or weight_files.is_sharded(path)):
                 raise ExportError(
                     f"{path} is not a checkpoint (step-N.pt or step-N/): averaging several "
                     "takes checkpoints, a run directory alone averages its best ones"
@@ -160,7 +160,7 @@ def choose(paths: list[Path], best: bool, average: bool) -> list[Path]:
     path = paths[0]
     if path.name == best_checkpoints.FOLDER and (path.parent / "checkpoints").is_dir():
         path, best = path.parent, True  # a run's best/ folder: its best checkpoints
-    if not (best or average) or path.is_file() or checkpoint_weights.is_sharded(path):
+    if not (best or average) or path.is_file() or weight_files.is_sharded(path):
         if best:
             raise ExportError(f"{path} is a checkpoint; --best takes a run directory")
         return [resolve(path)]
@@ -215,7 +215,7 @@ def resolve(path: Path) -> Path:
     """The checkpoint to export: the path itself, or a run directory's newest valid one."""
     if not path.exists():
         raise ExportError(f"{path} does not exist")
-    found = checkpoint_weights.newest(path)
+    found = weight_files.newest(path)
     if found != path:
         print(f"newest valid checkpoint in {path}: {found.name}")
     return found
@@ -224,10 +224,10 @@ def resolve(path: Path) -> Path:
 def read_weights(path: Path, ema: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """({name: contiguous CPU tensor}, {recipe, step, source})."""
     if path.is_dir():
-        state, weights = _read_meta(path), checkpoint_weights.read(path, ema)
+        state, weights = _read_meta(path), weight_files.checkpoint_tensors(path, ema)
     else:
         state = _read_file(path)
-        weights = checkpoint_weights.bare(checkpoint_weights.of_state(state, ema, path))
+        weights = weight_files.bare(weight_files.of_state(state, ema, path))
     tensors = {name: value.contiguous() for name, value in weights.items()}
     if not tensors:
         raise ExportError(f"{path} holds no weights")

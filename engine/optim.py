@@ -199,3 +199,25 @@ def lr_factor(step: int, total: int, cfg: SchedConfig) -> float:
 def build_scheduler(opt: torch.optim.Optimizer, total: int, cfg: SchedConfig, steps_per_epoch: int):
     steps = in_steps(cfg, steps_per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, steps))
+
+
+# ---------------------------------------------------------------- what trains
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> None:
+    """optim.freeze: matching parameters take no gradient (and so no optimizer state)."""
+    if not patterns:
+        return
+    named = dict(model.named_parameters())  # the bare model: set-up freezes before wrapping
+    check_patterns("optim.freeze", patterns, named)
+    frozen = [name for name in named if matches(name, patterns)]
+    for name in frozen:
+        named[name].requires_grad_(False)
+    note(frozen_line(patterns, len(frozen), len(named)))
+
+
+def frozen_line(patterns: list[str], frozen: int, tensors: int) -> str:
+    """optim.freeze in one line: how many patterns, the tensors they froze, the patterns."""
+    shown = ", ".join(patterns[:5]) + (", ..." if len(patterns) > 5 else "")
+    plural = "s" if len(patterns) > 1 else ""
+    return f"frozen: {len(patterns)} pattern{plural}, {frozen} of {tensors} tensors ({shown})"

@@ -18,13 +18,13 @@ from typing import Any
 from engine import atomic
 from engine import config as C
 from engine import distributed as D
-from engine.checkpoint import weights as checkpoint_weights
 from engine.checkpoint.files import NAME, SHARDED_NAME
 from engine.evaluate import evaluate
 from engine.recipe import Recipe
 from engine.seeding import set_deterministic
-from engine.setup import setup
+from engine.setup import setup_eval
 from engine.tracking import log
+from engine.weights import files as weight_files
 
 
 def target(path: Path) -> Path:
@@ -32,7 +32,7 @@ def target(path: Path) -> Path:
     one of a run's best/ folder."""
     if not path.exists():
         raise C.ConfigError(f"--eval {path}: no such file or folder")
-    return checkpoint_weights.newest(path)
+    return weight_files.newest(path)
 
 
 def result_path(weights: Path, ema: bool, out: str) -> Path:
@@ -42,14 +42,13 @@ def result_path(weights: Path, ema: bool, out: str) -> Path:
     return weights.parent / f"{stem}{'.ema' if ema else ''}.eval.json"
 
 
-def for_scoring(cfg: C.Config, weights: Path, ema: bool, world_size: int) -> None:
+def for_scoring(cfg: C.Config, weights: Path, ema: bool) -> None:
     """The config with the weights as the model's only source, matched exactly: a resumed
-    state or a re-initialised head would score something else. Nothing trains: the smallest
-    training batch, so a held-out split can be scored beside a training set of any size."""
+    state or a re-initialised head would score something else. Nothing trains (setup_eval
+    builds no optimizer and splits no training batch)."""
     derived = {"resume": "none", "ema.decay": 0.0}  # the EMA, if asked for, is what is loaded
     derived |= {"model.init_from": str(weights), "model.weights": "", "model.init_ema": ema}
     derived |= {"model.init_strict": True, "model.init_skip": []}
-    derived |= {"train.batch_size": world_size, "train.micro_batch_size": None}
     C.finalize(cfg, derived)
 
 
@@ -59,14 +58,14 @@ def score(cfg: C.Config, recipe: Recipe, path: Path, ema: bool, out: str) -> int
     weights = target(path)
     destination = result_path(weights, ema, out)
     denv = D.read_env()
-    for_scoring(cfg, weights, ema, denv.world_size)
+    for_scoring(cfg, weights, ema)
     D.limit_threads(denv)
     set_deterministic(cfg.deterministic)
     device = D.pick_device(cfg.device, denv)
     D.init(denv, cfg.dist, device)
     run = None
     try:
-        run = setup(cfg, recipe, denv, device, records=False)
+        run = setup_eval(cfg, recipe, denv, device)
         metrics = evaluate(run, run.net.eval_model)
         if denv.is_main:
             found = result(cfg, run.net.init_record, weights, ema, metrics, denv.world_size)

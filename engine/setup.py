@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine import catalog, codeid, finetune, rundir
+from engine import catalog, codeid, rundir
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
 from engine import parallel as P
+from engine import weights as home
 from engine.checkpoint.state import check_resumable, restore, resume_source
 from engine.data import shm
 from engine.data.device import DeviceImages
@@ -26,7 +27,7 @@ from engine.data.prefetch import finish_ahead
 from engine.data.sampler import BatchPlan, GlobalBatchSampler, plan_batches
 from engine.ema import build_ema
 from engine.meter import speed_inputs
-from engine.optim import build_optimizer, build_scheduler
+from engine.optim import build_optimizer, build_scheduler, freeze
 from engine.parallel import Strategy, weights
 from engine.parts.feed import Feed
 from engine.parts.health import Health
@@ -40,6 +41,7 @@ from engine.run import Run
 from engine.seeding import seed_process
 from engine.speed import memory_format, set_backend_flags
 from engine.tracking import Tracker, environment, log, redact, wandb_mode
+from engine.weights import sources
 
 
 @dataclass
@@ -52,7 +54,7 @@ class Decisions:
     denv: D.DistEnv
     device: torch.device
     strategy: Strategy
-    plan: BatchPlan
+    plan: BatchPlan | None  # None: evaluation alone, which splits no training batch
     dtype: torch.dtype | None  # autocast's; None: off
 
 
@@ -128,14 +130,43 @@ def setup(
     return run
 
 
+def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device) -> Run:
+    """What evaluation alone needs (engine.score): the data and the model, placed as
+    training places it (sharded under FSDP), with no optimizer, training batch, sampler or
+    loader, and no run directory claimed or written."""
+    dtype = amp_dtype(cfg.train.amp, device)
+    strategy = P.resolve_strategy(cfg.dist.strategy, denv)
+    check_request(cfg, recipe, strategy, device, dtype)
+    decided = Decisions(cfg, recipe, denv, device, strategy, None, dtype)
+    seed_process(cfg.seed, denv.rank)
+    train_data, eval_data = build_datasets(cfg, recipe)
+    net = place_model(weights.build(recipe, cfg.model), decided, train_data, None)
+    run = Run(
+        cfg=cfg,
+        recipe=recipe,
+        task=recipe.task.for_model(cfg.model),
+        denv=denv,
+        device=device,
+        run_dir=rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name),
+        net=net,
+        opt=Optimisation(None, None, None, dtype),  # precision only: nothing steps
+        feed=Feed(None, None, train_data, eval_data),
+        progress=Progress(0, cfg.seed, denv.rank, denv.world_size),
+        health=Health(skip_bad=bool(getattr(cfg.data, "skip_bad", False))),
+        records=Records(config=cfg),
+    )
+    if denv.local_rank == 0:
+        warn_shared_memory(run)
+    return run
+
+
 def warn_shared_memory(run: Run) -> None:
     """Said once per node, before any worker starts: the loaders' batches may not fit in
     /dev/shm (training's and evaluation's workers do not hold batches at the same time)."""
     processes = shm.processes_on_node()
-    plans = (
-        (run.feed.train_data, run.feed.sampler.plan.micro_batch),
-        (run.feed.eval_data, run.cfg.eval.batch_size),
-    )
+    plans = [(run.feed.eval_data, run.cfg.eval.batch_size)]
+    if run.feed.sampler is not None:  # training (evaluation alone has no training loader)
+        plans.insert(0, (run.feed.train_data, run.feed.sampler.plan.micro_batch))
     for data, batch in plans:
         if isinstance(data, DeviceImages):
             continue
@@ -160,9 +191,9 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
         recipe.prepare(model, train_data)
     if from_file and not on_meta:
         ckpt.load_model_state(model, source[1]["model"], source[0])
-    from_weights = not source and finetune.wanted(cfg.model)
+    from_weights = not source and sources.wanted(cfg.model)
     init = start_from(model, cfg, decided.denv) if from_weights and not on_meta else None
-    finetune.freeze(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
+    freeze(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
     set_backend_flags(cfg.train, cfg.deterministic)
     # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
     layout = memory_format(model, cfg.train.channels_last and not strategy.shards)
@@ -171,7 +202,7 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     ema = None if on_meta else build_ema(model, cfg.ema)
     wrapped, eval_model = P.wrap(
         model, P.recipe_blocks(recipe, model, cfg), cfg, strategy, decided.denv, device,
-        decided.plan.accum_steps, decided.dtype,
+        decided.plan.accum_steps if decided.plan else 1, decided.dtype,
     )  # fmt: skip
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
@@ -184,12 +215,15 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
 
 def start_from(model: nn.Module, cfg: C.Config, denv: D.DistEnv) -> dict:
     """model.init_from / model.weights loaded into the model, said once."""
-    record = finetune.start_from(model, cfg.model, denv.is_main)
+    record = home.start_from(model, cfg.model, denv.is_main)
     if cfg.model.weights:
-        record["preprocessing"] = finetune.follow_weights(cfg)  # set at load_config already
+        from engine.data.images import follow_weights  # start-up time: transforms
+
+        # set at load_config already: here for the words recorded
+        record["preprocessing"] = follow_weights(cfg, sources.transforms_of)
     if denv.is_main:
-        log(finetune.describe(record))
-        warning = finetune.name_hash_warning(Path(record["file"]), record["sha256"])
+        log(home.describe(record))
+        warning = sources.name_hash_warning(Path(record["file"]), record["sha256"])
         if cfg.model.weights and warning:
             log(warning)
     return record

@@ -155,7 +155,7 @@ def number(value: float) -> str:
 
 
 def init_text(init: dict) -> str:
-    """The first weights (engine.finetune's record) in short: the file's name or the named
+    """The first weights (engine.weights' record) in short: the file's name or the named
     weights, and how many tensors were loaded, re-initialised and left unused."""
 
     def count(key: str) -> str:

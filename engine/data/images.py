@@ -13,13 +13,14 @@ it works in persistent workers and after a resume."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torchvision.transforms import v2
 
-from engine.config import bounded
+from engine.config import ConfigError, bounded, finalize
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -113,3 +114,42 @@ def eval_transform(cfg: ImageAugment) -> v2.Compose:
 
 def interpolation(cfg: ImageAugment) -> v2.InterpolationMode:
     return v2.InterpolationMode(cfg.interpolation)
+
+
+# ---------------------------------------------------------------- the weights' preprocessing
+
+
+def follow_weights(cfg: Any, transforms_of: Callable[[str], Any]) -> str:
+    """With model.weights, the image recipe's eval resize, crop and interpolation become the
+    weights' own (unless data.augment.follow_weights=false), set through config.finalize so
+    the saved config and a resume see them. Returns what the run uses, in words ("" for no
+    weights named). transforms_of(name): the named weights' preprocessing as torchvision's
+    weights entry gives it (engine.weights.sources.transforms_of)."""
+    name = getattr(cfg.model, "weights", "")
+    augment = getattr(cfg.data, "augment", None)
+    if not name:
+        return ""
+    if not hasattr(augment, "follow_weights"):
+        return "the recipe's (its data section has no image preprocessing to set)"
+    if not augment.follow_weights:
+        return "the config's (data.augment.follow_weights=false)"
+    ours = transforms_of(name)
+    if not _same(ours.mean, IMAGENET_MEAN) or not _same(ours.std, IMAGENET_STD):
+        raise ConfigError(
+            f"model.weights={name} normalises with mean {list(ours.mean)}, std {list(ours.std)}; "
+            "the image pipeline uses ImageNet's: set data.augment.follow_weights=false to go on"
+        )
+    derived = {
+        "data.augment.eval_resize": ours.resize_size[0],
+        "data.augment.eval_size": ours.crop_size[0],
+        "data.augment.interpolation": ours.interpolation.value,
+    }
+    finalize(cfg, derived)
+    return (
+        f"the weights' ({name}): resize {augment.eval_resize}, crop {augment.eval_size}, "
+        f"{augment.interpolation}"
+    )
+
+
+def _same(a, b) -> bool:
+    return all(abs(x - y) < 1e-6 for x, y in zip(a, b, strict=True))

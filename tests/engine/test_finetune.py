@@ -1,4 +1,4 @@
-"""engine.finetune in one process: every weights format it reads, how tensors are matched to
+"""engine.weights in one process: every weights format it reads, how tensors are matched to
 the model (head re-initialised, skip patterns, strict), the fine-tuning knobs (freeze,
 per-pattern learning rates), the named torchvision weights and their preprocessing, and the
 one-line refusals. The runs that train from such files are in tests/recipes/test_finetune_runs.py."""
@@ -14,10 +14,13 @@ import torchvision
 from safetensors.torch import save_file
 from torch import nn
 
-from engine import catalog, finetune, optim
+from engine import catalog, optim, weights
 from engine import checkpoint as ckpt
 from engine.config import ConfigError, OptimConfig, WeightsInit
+from engine.data.images import follow_weights
 from engine.optim import build_optimizer, lr_factors, param_groups
+from engine.weights import files as weight_files
+from engine.weights import match, sources
 
 
 def small(classes: int = 10) -> nn.Module:
@@ -56,30 +59,30 @@ def files(tmp_path: Path) -> dict:
 
 @pytest.mark.parametrize("kind", ["torchvision", "timm", "bin", "safetensors", "checkpoint"])
 def test_every_format_reads_as_the_same_bare_weights(files, kind):
-    tensors, _ = finetune.read(files[kind], ema=False)
+    tensors, _ = weight_files.read(files[kind], ema=False)
     assert tensors.keys() == files["weights"].keys()  # no module. / _orig_mod. left
     assert all(torch.equal(tensors[k], files["weights"][k]) for k in tensors)
 
 
 @pytest.mark.parametrize("kind", ["timm", "checkpoint"])
 def test_init_ema_takes_the_average_where_the_file_holds_one(files, kind):
-    tensors, _ = finetune.read(files[kind], ema=True)
+    tensors, _ = weight_files.read(files[kind], ema=True)
     assert all(torch.equal(tensors[k], files["average"][k]) for k in files["average"])
 
 
 @pytest.mark.parametrize("kind", ["torchvision", "safetensors"])
 def test_init_ema_on_a_file_without_an_average_is_one_line(files, kind):
     with pytest.raises(ConfigError, match="no EMA"):
-        finetune.read(files[kind], ema=True)
+        weight_files.read(files[kind], ema=True)
 
 
 def test_a_file_that_is_not_weights_is_one_line(tmp_path):
     (tmp_path / "notes.pt").write_text("not torch")
     torch.save([1, 2], tmp_path / "list.pt")
     with pytest.raises(ConfigError, match="not a readable weights file"):
-        finetune.read(tmp_path / "notes.pt", ema=False)
+        weight_files.read(tmp_path / "notes.pt", ema=False)
     with pytest.raises(ConfigError, match="holds a list, not a state dict"):
-        finetune.read(tmp_path / "list.pt", ema=False)
+        weight_files.read(tmp_path / "list.pt", ema=False)
 
 
 def test_a_pickled_object_is_refused_without_running_it(tmp_path):
@@ -88,7 +91,7 @@ def test_a_pickled_object_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "ran"
     torch.save({"w": PicklePayload(marker)}, tmp_path / "evil.pt")
     with pytest.raises(ConfigError, match="not a readable weights file"):
-        finetune.read(tmp_path / "evil.pt", ema=False)
+        weight_files.read(tmp_path / "evil.pt", ema=False)
     assert not marker.exists()
 
 
@@ -99,8 +102,8 @@ def test_a_head_for_another_class_count_is_exactly_what_is_reinitialised(files):
     torch.manual_seed(5)
     model = small(10)
     built_head = model[3].weight.detach().clone()
-    found = finetune.match(model, files["weights"], skip=[], strict=False)
-    finetune.load(model, found)
+    found = match.match(model, files["weights"], skip=[], strict=False)
+    match.load(model, found)
     assert found.reinitialised == ["3.weight", "3.bias"]
     assert found.unused == []
     assert torch.equal(model[3].weight, built_head)  # the seed's head, not the file's
@@ -109,18 +112,18 @@ def test_a_head_for_another_class_count_is_exactly_what_is_reinitialised(files):
 
 def test_strict_refuses_the_head_and_unused_tensors(files):
     with pytest.raises(ConfigError, match=r"3.weight \[1000, 4\] in the file, \[10, 4\] here"):
-        finetune.match(small(10), files["weights"], skip=[], strict=True)
+        match.match(small(10), files["weights"], skip=[], strict=True)
     extra = random_state(10, 0) | {"aux.weight": torch.zeros(2)}
     with pytest.raises(ConfigError, match="aux.weight in the file, not in the model"):
-        finetune.match(small(10), extra, skip=[], strict=True)
-    found = finetune.match(small(10), extra, skip=[], strict=False)
+        match.match(small(10), extra, skip=[], strict=True)
+    found = match.match(small(10), extra, skip=[], strict=False)
     assert found.unused == ["aux.weight"] and not found.reinitialised
 
 
 def test_any_other_difference_is_one_line_listing_the_first(files):
     other = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 10))
     with pytest.raises(ConfigError) as err:
-        finetune.match(other, files["weights"], skip=[], strict=False)
+        match.match(other, files["weights"], skip=[], strict=False)
     text = str(err.value)
     assert "\n" not in text and "0.weight [4, 3, 3, 3] in the file, [8, 3, 3, 3] here" in text
     assert "model.init_skip" in text
@@ -128,23 +131,23 @@ def test_any_other_difference_is_one_line_listing_the_first(files):
 
 def test_skip_patterns_keep_the_seed_and_a_pattern_matching_nothing_is_refused(files):
     model = small(1000)
-    found = finetune.match(model, files["weights"], skip=["0.*"], strict=False)
+    found = match.match(model, files["weights"], skip=["0.*"], strict=False)
     assert found.reinitialised == ["0.weight", "0.bias"]
     with pytest.raises(ConfigError, match="'conv9.*' matches no tensor"):
-        finetune.match(model, files["weights"], skip=["conv9.*"], strict=False)
+        match.match(model, files["weights"], skip=["conv9.*"], strict=False)
 
 
 def test_a_missing_tensor_is_a_difference(files):
     partial = {k: v for k, v in files["weights"].items() if k != "1.running_var"}
     with pytest.raises(ConfigError, match="1.running_var missing from the file"):
-        finetune.match(small(1000), partial, skip=[], strict=False)
+        match.match(small(1000), partial, skip=[], strict=False)
 
 
 def test_the_classifier_is_the_last_linear_layer():
     model = torchvision.models.resnet18(num_classes=3)
-    assert finetune.classifier(model) == {"fc.weight", "fc.bias"}
+    assert match.classifier(model) == {"fc.weight", "fc.bias"}
     vit = torchvision.models.vit_b_16(num_classes=3)
-    assert finetune.classifier(vit) == {"heads.head.weight", "heads.head.bias"}
+    assert match.classifier(vit) == {"heads.head.weight", "heads.head.bias"}
 
 
 # ---------------------------------------------------------------- freeze and rates
@@ -152,7 +155,7 @@ def test_the_classifier_is_the_last_linear_layer():
 
 def test_freeze_and_lr_mult_shape_the_optimizer():
     model = small(10)
-    finetune.freeze(model, ["0.*"])
+    optim.freeze(model, ["0.*"])
     assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["0.weight", "0.bias"]
     cfg = OptimConfig(lr=0.1, weight_decay=0.01, lr_mult=["3.*=1", "*=0.1"])
     groups = param_groups(model, cfg, 0.1)
@@ -167,7 +170,7 @@ def test_freeze_and_lr_mult_shape_the_optimizer():
 
 def test_freezing_rates_and_batch_scaling_are_each_said_in_one_line_at_start(capsys):
     model = small(10)
-    finetune.freeze(model, ["0.*"])
+    optim.freeze(model, ["0.*"])
     cfg = OptimConfig(lr=0.1, lr_reference_batch=256, lr_mult=["3.*=1", "*=0.1"])
     build_optimizer(model, cfg, 512, torch.device("cpu"))
     assert capsys.readouterr().err.splitlines() == [
@@ -186,7 +189,7 @@ def test_freezing_rates_and_batch_scaling_are_each_said_in_one_line_at_start(cap
 def test_start_up_notes_are_said_by_rank_0_alone(monkeypatch, capsys):
     monkeypatch.setattr(optim.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(optim.dist, "get_rank", lambda: 1)
-    finetune.freeze(small(), ["0.*"])
+    optim.freeze(small(), ["0.*"])
     assert capsys.readouterr().err == ""
 
 
@@ -198,7 +201,7 @@ def test_a_malformed_lr_mult_entry_is_one_line(entry):
 
 def test_freeze_pattern_matching_nothing_is_refused():
     with pytest.raises(ConfigError, match="optim.freeze: 'layer1.*' matches no tensor"):
-        finetune.freeze(small(), ["layer1.*"])
+        optim.freeze(small(), ["layer1.*"])
 
 
 # ---------------------------------------------------------------- named weights
@@ -207,7 +210,7 @@ def test_freeze_pattern_matching_nothing_is_refused():
 def test_named_weights_come_from_the_local_cache_only(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     with pytest.raises(ConfigError) as err:
-        finetune.published_file("ResNet18_Weights.IMAGENET1K_V1")
+        sources.published_file("ResNet18_Weights.IMAGENET1K_V1")
     text = str(err.value)
     assert "\n" not in text
     assert str(tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in text
@@ -215,18 +218,18 @@ def test_named_weights_come_from_the_local_cache_only(tmp_path, monkeypatch):
     cached = tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"x")
-    assert finetune.published_file("ResNet18_Weights.IMAGENET1K_V1") == cached
+    assert sources.published_file("ResNet18_Weights.IMAGENET1K_V1") == cached
 
 
 def test_an_unknown_weights_name_suggests_the_closest():
     with pytest.raises(ConfigError, match="did you mean ResNet18_Weights.IMAGENET1K_V1"):
-        finetune.published_file("ResNet18_Weights.IMAGENET_V1")
+        sources.published_file("ResNet18_Weights.IMAGENET_V1")
 
 
 def test_the_weights_preprocessing_is_used_unless_the_config_keeps_its_own():
     def resolved(*args: str):
         cfg, _ = catalog.load_config("imagenet", list(args))
-        return cfg, finetune.follow_weights(cfg)
+        return cfg, follow_weights(cfg, sources.transforms_of)
 
     named = ["model.weights=EfficientNet_B0_Weights.IMAGENET1K_V1", "model.arch=efficientnet_b0"]
     cfg, said = resolved(*named)
@@ -240,20 +243,20 @@ def test_the_weights_preprocessing_is_used_unless_the_config_keeps_its_own():
     v2, _ = resolved("model.weights=ResNet50_Weights.IMAGENET1K_V2")
     assert (v2.data.augment.eval_resize, v2.data.augment.eval_size) == (232, 224)
     cifar, said = catalog.load_config("cifar10", ["model.weights=ResNet18_Weights.IMAGENET1K_V1"])
-    assert finetune.follow_weights(cifar).startswith("the recipe's")
+    assert follow_weights(cifar, sources.transforms_of).startswith("the recipe's")
 
 
 def test_the_name_hash_of_a_torchvision_file_is_checked(tmp_path):
     path = tmp_path / "resnet18-f37072fd.pth"
-    assert finetune.name_hash_warning(path, "f37072fd" + "0" * 56) == ""
-    assert "not the published file" in finetune.name_hash_warning(path, "ab" * 32)
+    assert sources.name_hash_warning(path, "f37072fd" + "0" * 56) == ""
+    assert "not the published file" in sources.name_hash_warning(path, "ab" * 32)
 
 
 def test_a_head_of_another_input_width_is_a_difference_not_a_new_head(files):
     wider = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 10))
     state = dict(files["weights"]) | {"3.weight": torch.zeros(1000, 8)}
     with pytest.raises(ConfigError, match=r"3.weight \[1000, 8\] in the file, \[10, 4\] here"):
-        finetune.match(wider, state, skip=[], strict=False)
+        match.match(wider, state, skip=[], strict=False)
 
 
 def test_a_sharded_checkpoint_and_a_run_directory_read_as_their_weights(tmp_path):
@@ -265,14 +268,14 @@ def test_a_sharded_checkpoint_and_a_run_directory_read_as_their_weights(tmp_path
     folder = tmp_path / "digits" / "run" / "checkpoints"
     sharded.save(ckpt.sharded_path(folder, 8), model, optimizer, {"step": 8})
     for path in (ckpt.sharded_path(folder, 8), folder.parent):
-        tensors, kind = finetune.read(path, ema=False)
+        tensors, kind = weight_files.read(path, ema=False)
         assert kind == "checkpoint"
         assert all(torch.equal(tensors[k], v) for k, v in model.state_dict().items())
         assert tensors.keys() == model.state_dict().keys()
     with pytest.raises(ConfigError, match="holds no EMA"):
-        finetune.read(folder.parent, ema=True)
+        weight_files.read(folder.parent, ema=True)
     with pytest.raises(ConfigError, match="nor a run directory holding one"):
-        finetune.read(tmp_path, ema=False)
+        weight_files.read(tmp_path, ema=False)
 
 
 # ---------------------------------------------------------------- what the run records
@@ -280,7 +283,7 @@ def test_a_sharded_checkpoint_and_a_run_directory_read_as_their_weights(tmp_path
 
 def started_from(path: Path, model: nn.Module) -> dict:
     """start_from's record for a run whose model.init_from is `path` (rank 0)."""
-    return finetune.start_from(model, WeightsInit(init_from=str(path)), is_main=True)
+    return weights.start_from(model, WeightsInit(init_from=str(path)), is_main=True)
 
 
 def test_the_record_names_exactly_the_tensors_not_loaded(tmp_path):

@@ -210,12 +210,13 @@ def test_make_eval_of_a_run_equals_its_final_record(digits_runs, tmp_path):
 
 
 def test_eval_of_a_runs_best_folder_scores_its_best_checkpoint(digits_runs, tmp_path):
+    """On 3 processes, which do not divide the training batch: evaluation alone splits none."""
     run = helpers.run_dir(digits_runs, "through")
     (best,) = json.loads((run / "summary.json").read_text())["best_checkpoints"]
     out = tmp_path / "best.json"
     cmd = [sys.executable, "-m", "engine.train", "digits", *helpers.QUIET]
     done = subprocess.run(
-        [*cmd, "--eval", str(run / "best"), "--out", str(out)],
+        [*cmd, "--eval", str(run / "best"), "--out", str(out), "--spawn", "3"],
         env=helpers.engine_env(),
         capture_output=True,
         text=True,
@@ -224,6 +225,7 @@ def test_eval_of_a_runs_best_folder_scores_its_best_checkpoint(digits_runs, tmp_
     assert done.returncode == 0, done.stderr
     written = json.loads(out.read_text())
     assert written["step"] == best["step"] and written["weights"] == str(run / best["path"])
+    assert written["world_size"] == 3
     (record,) = [
         r for r in helpers.records(digits_runs, "through", "eval") if r["step"] == best["step"]
     ]

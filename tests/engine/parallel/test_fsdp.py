@@ -294,9 +294,9 @@ def test_init_from_loads_into_a_model_sharded_from_the_meta_device(ddp, tmp_path
         "ckpt.every_steps=0",
     )
     newest = max((run_dir(tmp_path, "ft", "gpt") / "checkpoints").glob("step-*"))
-    from engine.checkpoint import weights
+    from engine.weights import files
 
-    loaded = weights.read(newest, ema=False)
+    loaded = files.checkpoint_tensors(newest, ema=False)
     base = torch.load(source, weights_only=True)
     assert loaded.keys() == base.keys()
     assert all(torch.equal(loaded[k], base[k]) for k in base)
