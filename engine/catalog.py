@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine import recipe as contract
 from engine.config import (
     ENGINE_SECTIONS,
     Config,
@@ -167,7 +168,8 @@ def load_config(name: str, overrides: list[str], config: str = "") -> tuple[Conf
 def data_here(cfg: Config) -> Any:
     """The data section as this machine reads it: data.root decided here (decide_data_root),
     never written back into the config, which keeps what was asked ("" follows the machine)."""
-    if not hasattr(cfg.data, "root"):
+    asked = contract.data_root(cfg.data)
+    if asked is None:
         return cfg.data
-    root = decide_data_root(cfg.data.root, cfg.recipe, os.environ.get("RECIPES_DATA"))
+    root = decide_data_root(asked, cfg.recipe, os.environ.get("RECIPES_DATA"))
     return dataclasses.replace(cfg.data, root=root)

@@ -27,13 +27,14 @@ import torch
 from engine import catalog, preempt, rundir
 from engine import config as C
 from engine import distributed as D
+from engine import recipe as contract
 from engine.data.sampler import check_elastic
 from engine.faults import RunError
 from engine.recipe import Recipe
 from engine.score import score
 from engine.setup import amp_dtype
 from engine.spawn import spawn_local
-from engine.tasks import check_supported
+from engine.tasks import check_supported, task_of
 from engine.tracking import redact, wandb_env_overrides, wandb_missing_note, wandb_mode
 from engine.train import PeerFailure, train
 from engine.weights import sources
@@ -252,7 +253,7 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     Neither writes anything."""
     if request.check:
         preflight(cfg, *request.check)
-        check_supported(recipe.task, cfg.train, cfg.mix)  # refused here, not on a compute node
+        check_supported(task_of(recipe), cfg.train, cfg.mix)  # refused here, not on a compute node
         if note := wandb_missing_note(cfg.log):
             print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)
@@ -310,7 +311,7 @@ def preflight(cfg: C.Config, *world_sizes: int, training: bool = True) -> None:
 def data_location(cfg: C.Config) -> str:
     """Where the data config points (data.root, else data.path); "" for nowhere."""
     data = catalog.data_here(cfg)
-    return getattr(data, "root", "") or getattr(data, "path", "") or ""
+    return contract.data_location(data)
 
 
 def check_data(cfg: C.Config, recipe: Recipe, here: bool) -> None:

@@ -1,27 +1,32 @@
-"""The recipe interface. A recipe is single-device code: a model builder and a dataset
-builder, each with a config dataclass of its own. It never touches torch.distributed,
-W&B, SLURM or the environment.
+"""The recipe contract, whole: every name the engine reads from a recipe. A recipe is
+single-device code: a model builder and a dataset builder, each with a config dataclass of
+its own. It never touches torch.distributed, W&B, SLURM or the environment.
 
 A recipe folder holds `config.yaml` and may hold named variants (`v2.yaml`, `fast.yaml`)
 layered on it. The first comment line of each file describes it in one line.
 
-Fields the engine reads by name when a recipe's config has them:
-  data.root         where the files are; "" resolves to $RECIPES_DATA/<recipe>, else
-                    data/<recipe> in the checkout (resolved before the recipe sees it)
-  data.skip_bad     replace (deterministically) and count samples whose file cannot be read
-  model.num_classes 0 follows the training data (`len(train_dataset.classes)`)"""
+Three kinds of names, and the engine reads no others (tests/engine/test_recipe_contract.py
+holds it to that):
+- the hooks of `Recipe` below, registered in the folder's recipe.py;
+- fields of the recipe's own config sections, read only through the functions under "The
+  config sections" (data.root, data.path, data.skip_bad, model.num_classes, model.weights,
+  and the image pipeline's data.augment section);
+- attributes of its datasets, read only through the functions under "The datasets"
+  (classes, set_epoch, load_batch, finish_on_device, finishes_ahead).
+
+This module imports neither torch nor the rest of the engine: the launcher (torch-free) and
+every layer of the engine read the contract from the same place."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-from torch.utils.data import Dataset
-
-from engine.tasks import Classification
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
 
 
 def flip_width(images: torch.Tensor) -> torch.Tensor:
@@ -41,8 +46,9 @@ class Recipe:
     # The shape of one input sample given the data config, e.g. (3, 224, 224): the engine
     # counts the model's FLOPs per sample from it and logs MFU where the device's peak is known.
     sample_shape: Callable[..., tuple[int, ...]] | None = None
-    # What training minimises and evaluation reports (engine.tasks): classification by default.
-    task: Any = field(default_factory=Classification)
+    # What training minimises and evaluation reports (engine.tasks.Task; read through
+    # engine.tasks.task_of): None is classification (engine.tasks.Classification).
+    task: Any = None
     # The units that FSDP shards and activation checkpointing recomputes one at a time, e.g.
     # the transformer blocks (torchtitan's per-block plan); None: the whole model is one unit.
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
@@ -75,3 +81,73 @@ class Recipe:
     # no file reads) and raises a one-line DataError naming what is missing: launch runs it
     # before starting or queueing anything. None: nothing to look at (packaged or generated).
     check_data: Callable[[Any], None] | None = None
+
+
+# ---------------------------------------------------------------- the config sections
+
+
+def data_root(data: Any) -> str | None:
+    """data.root: where the files are; "" resolves to $RECIPES_DATA/<recipe>, else
+    data/<recipe> in the checkout, before the recipe sees it. None: the recipe reads no
+    folder of files (its data ships with a package, is generated, or is one data.path)."""
+    return data.root if hasattr(data, "root") else None
+
+
+def data_location(data: Any) -> str:
+    """What a recipe reads, for messages: data.root, else a single file's data.path."""
+    return data_root(data) or getattr(data, "path", "") or ""
+
+
+def skip_bad(data: Any) -> bool:
+    """data.skip_bad: replace (deterministically) and count samples whose file cannot be read."""
+    return bool(getattr(data, "skip_bad", False))
+
+
+def num_classes(model: Any) -> int | None:
+    """model.num_classes: the classifier's outputs; 0 follows the training data
+    (`classes` below); None: the model declares none (not a classifier)."""
+    return getattr(model, "num_classes", None)
+
+
+def weights_name(model: Any) -> str:
+    """model.weights: torchvision weights by name (engine.config's ModelInit section, where a
+    recipe's model section embeds it), whose preprocessing the image pipeline may follow."""
+    return getattr(model, "weights", "") or ""
+
+
+def augment(data: Any) -> Any:
+    """data.augment: the image pipeline's own section (engine.data.images.AugmentConfig and
+    its eval_resize, eval_size, interpolation, follow_weights), where a recipe embeds it."""
+    return getattr(data, "augment", None)
+
+
+# ---------------------------------------------------------------- the datasets
+
+
+def classes(dataset: Any) -> list | None:
+    """The class names of a training set, which model.num_classes=0 follows."""
+    return getattr(dataset, "classes", None)
+
+
+def epoch_hook(dataset: Any) -> Callable[[int], None] | None:
+    """set_epoch(epoch), called in every loader worker before an epoch (progressive resizing)."""
+    return getattr(dataset, "set_epoch", None)
+
+
+def batch_loader(dataset: Any) -> Callable[[Any], tuple[Any, Any]] | None:
+    """load_batch(index tensor) -> (x, y): a dataset's loader of whole batches, which
+    declares that it returns default_collate([dataset[i] for i in index]) bit for bit,
+    draws no randomness and cannot meet an unreadable sample (engine.data.loaders)."""
+    return getattr(dataset, "load_batch", None)
+
+
+def finishes_ahead(dataset: Any) -> bool:
+    """finishes_ahead: the dataset's finish_on_device may run on a thread one batch ahead of
+    the step (decode=gpu's DeviceDecodedFiles; engine.data.prefetch)."""
+    return bool(getattr(dataset, "finishes_ahead", False))
+
+
+def device_finisher(dataset: Any) -> Callable[[Any, Any], Any] | None:
+    """finish_on_device(batch, device): the batch finished on the device (uint8 images
+    normalised, or JPEG bytes decoded there) instead of a plain copy."""
+    return getattr(dataset, "finish_on_device", None)

@@ -16,6 +16,7 @@ import torch
 
 from engine import config as C
 from engine import distributed as D
+from engine import recipe as contract
 from engine import rundir
 from engine.data.prefetch import Finished
 from engine.parts import Part
@@ -82,7 +83,7 @@ class Run:
         """The batch on the device, in the model's memory format. A dataset may finish its
         batches there (`finish_on_device`: uint8 images normalised, or JPEG bytes decoded);
         a batch the loader finished ahead (engine.data.prefetch) is taken as it is."""
-        finish = getattr(dataset, "finish_on_device", None)
+        finish = contract.device_finisher(dataset)
         if isinstance(x, Finished):
             x = x.tensor
         elif finish:

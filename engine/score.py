@@ -18,6 +18,7 @@ from typing import Any
 from engine import atomic
 from engine import config as C
 from engine import distributed as D
+from engine import recipe as contract
 from engine.checkpoint.files import NAME, SHARDED_NAME
 from engine.evaluate import evaluate
 from engine.recipe import Recipe
@@ -101,7 +102,7 @@ def result(
 
 def preprocessing(cfg: C.Config) -> dict[str, Any]:
     """An image recipe's evaluation resize and crop, which the metrics depend on."""
-    augment = getattr(cfg.data, "augment", None)
+    augment = contract.augment(cfg.data)
     if not dataclasses.is_dataclass(augment):
         return {}
     keys = ("eval_resize", "eval_size", "interpolation")

@@ -17,6 +17,7 @@ from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
 from engine import parallel as P
+from engine import recipe as contract
 from engine import weights as home
 from engine.checkpoint.state import check_resumable, restore, resume_source
 from engine.data import shm
@@ -40,6 +41,7 @@ from engine.results import task_facts
 from engine.run import Run
 from engine.seeding import seed_process
 from engine.speed import memory_format, set_backend_flags
+from engine.tasks import task_of
 from engine.tracking import Tracker, environment, log, redact, wandb_mode
 from engine.weights import sources
 
@@ -83,8 +85,8 @@ def build_datasets(cfg: C.Config, recipe: Recipe):
     """Rank 0 first (it scans and caches file indexes; the others then read them), and the
     model's class count from the data when model.num_classes is 0."""
     train_data, eval_data = D.main_first(lambda: recipe.build_datasets(catalog.data_here(cfg)))
-    if getattr(cfg.model, "num_classes", None) == 0:
-        classes = getattr(train_data, "classes", None)
+    if contract.num_classes(cfg.model) == 0:
+        classes = contract.classes(train_data)
         if not classes:
             raise C.ConfigError(
                 "model.num_classes=0 follows the data, but this training set lists no "
@@ -144,7 +146,7 @@ def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.dev
     run = Run(
         cfg=cfg,
         recipe=recipe,
-        task=recipe.task.for_model(cfg.model),
+        task=task_of(recipe).for_model(cfg.model),
         denv=denv,
         device=device,
         run_dir=rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name),
@@ -152,7 +154,7 @@ def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.dev
         opt=Optimisation(None, None, None, dtype),  # precision only: nothing steps
         feed=Feed(None, None, train_data, eval_data),
         progress=Progress(0, cfg.seed, denv.rank, denv.world_size),
-        health=Health(skip_bad=bool(getattr(cfg.data, "skip_bad", False))),
+        health=Health(skip_bad=contract.skip_bad(cfg.data)),
         records=Records(config=cfg),
     )
     if denv.local_rank == 0:
@@ -238,7 +240,7 @@ def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Ru
     return Run(
         cfg=cfg,
         recipe=decided.recipe,
-        task=decided.recipe.task.for_model(cfg.model),
+        task=task_of(decided.recipe).for_model(cfg.model),
         denv=denv,
         device=device,
         run_dir=run_dir,
@@ -247,7 +249,7 @@ def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Ru
         feed=build_feed(decided, net.layout, sampler, train_data, eval_data),
         progress=Progress(total, cfg.seed, denv.rank, denv.world_size),
         health=Health(
-            skip_bad=bool(getattr(cfg.data, "skip_bad", False)),
+            skip_bad=contract.skip_bad(cfg.data),
             first_bad_step=torch.zeros((), dtype=torch.long, device=device),
         ),
         records=Records(
@@ -271,7 +273,7 @@ def build_optimisation(decided: Decisions, model: nn.Module, total: int, epoch_s
 
 def build_feed(decided: Decisions, layout, sampler, train_data, eval_data) -> Feed:
     cfg, device = decided.cfg, decided.device
-    skip_bad = bool(getattr(cfg.data, "skip_bad", False))
+    skip_bad = contract.skip_bad(cfg.data)
     loader = train_loader(train_data, sampler, cfg.loader, device, skip_bad)
     ahead = cfg.loader.decode_ahead * decided.plan.accum_steps
     return Feed(
@@ -279,7 +281,7 @@ def build_feed(decided: Decisions, layout, sampler, train_data, eval_data) -> Fe
         finish_ahead(loader, train_data, device, ahead, layout),
         train_data,
         eval_data,
-        build_mix(cfg.mix, getattr(cfg.model, "num_classes", None), cfg.seed),
+        build_mix(cfg.mix, contract.num_classes(cfg.model), cfg.seed),
     )
 
 
@@ -297,7 +299,9 @@ def open_run_dir(run: Run, wandb: str) -> None:
         task = run.task
         env = environment(denv.world_size, hosts, run.device, run.records.code)
         env["task"] = task_facts(task.headline, task.higher_is_better, task.unit)
-        if hasattr(cfg.data, "root"):  # where this machine read the data (config: as asked)
+        if (
+            contract.data_root(cfg.data) is not None
+        ):  # where this machine read the data (config: as asked)
             env["data_root"] = catalog.data_here(cfg).root
         if run.net.init_record:
             env["init"] = run.net.init_record

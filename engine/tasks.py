@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from engine import recipe as contract
 from engine.config import ConfigError
 
 IGNORE = -100  # targets at this value count for nothing (cross_entropy's ignore_index)
@@ -65,6 +66,11 @@ class Task(Protocol):
 FEATURES = ("mix", "label_smoothing")
 
 
+def task_of(recipe: Any) -> Task:
+    """The recipe's task (Recipe.task); classification where it declares none."""
+    return recipe.task if recipe.task is not None else Classification()
+
+
 def task_name(task: Any) -> str:
     return getattr(task, "name", "") or type(task).__name__.lower()
 
@@ -110,7 +116,7 @@ class Classification:
 
     def for_model(self, model_config: Any) -> Classification:
         """model.num_classes, an engine-read field, after the data has resolved a 0."""
-        return Classification(getattr(model_config, "num_classes", 0) or self.num_classes)
+        return Classification(contract.num_classes(model_config) or self.num_classes)
 
     def count(self, target: torch.Tensor) -> torch.Tensor | None:
         """Units in the targets; None: one per sample (no reduction needed to know the total)."""

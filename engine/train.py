@@ -31,7 +31,7 @@ from engine.results import summary_name, task_facts
 from engine.run import Run
 from engine.seeding import set_deterministic
 from engine.setup import setup
-from engine.tasks import check_supported
+from engine.tasks import check_supported, task_of
 from engine.tracking import ProgressBar, log, log_to, to_log_file
 
 PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset")
@@ -311,7 +311,7 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
     try:
         name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
         C.finalize(cfg, {"run.name": name})
-        check_supported(recipe.task, cfg.train, cfg.mix)
+        check_supported(task_of(recipe), cfg.train, cfg.mix)
         lock, done = lock_run_dir(cfg, denv)
         if done is not None:
             return 0

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 from torchvision.transforms import v2
 
+from engine import recipe as contract
 from engine.config import ConfigError, bounded, finalize
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -125,8 +126,8 @@ def follow_weights(cfg: Any, transforms_of: Callable[[str], Any]) -> str:
     the saved config and a resume see them. Returns what the run uses, in words ("" for no
     weights named). transforms_of(name): the named weights' preprocessing as torchvision's
     weights entry gives it (engine.weights.sources.transforms_of)."""
-    name = getattr(cfg.model, "weights", "")
-    augment = getattr(cfg.data, "augment", None)
+    name = contract.weights_name(cfg.model)
+    augment = contract.augment(cfg.data)
     if not name:
         return ""
     if not hasattr(augment, "follow_weights"):

@@ -8,6 +8,7 @@ import sys
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
+from engine import recipe as contract
 from engine.config import LoaderConfig
 from engine.data.device import DeviceImages, DeviceLoader
 from engine.data.errors import BadSample, DataError
@@ -94,7 +95,7 @@ class SeededSamples(Dataset):
             torch.default_generator.set_state(saved)
 
     def _set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.dataset, "set_epoch", None)  # e.g. progressive resizing
+        set_epoch = contract.epoch_hook(self.dataset)  # e.g. progressive resizing
         if set_epoch is not None:
             set_epoch(epoch)
 
@@ -129,7 +130,7 @@ def whole_batches(dataset: Dataset):
     if type(dataset) is TensorDataset and len(dataset.tensors) == 2:
         tensors = dataset.tensors
         return lambda index: (tensors[0][index], tensors[1][index])
-    return getattr(dataset, "load_batch", None)
+    return contract.batch_loader(dataset)
 
 
 def collate_x(xs: list):

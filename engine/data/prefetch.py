@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import recipe as contract
+
 POLL_S = 0.1  # how often a waiting thread looks whether it was stopped
 DEFAULT_DEPTH = 1  # as torchvision's and DALI's prefetchers: a second thread competes for the GIL
 
@@ -57,8 +59,8 @@ def finish_ahead(
     """`loader` itself, or a FinishAhead around it where finishing ahead applies: the dataset
     asks for it (`finishes_ahead`, e.g. decode=gpu's DeviceDecodedFiles), the device is CUDA,
     depth > 0 and the loader has worker processes (see the module's docstring)."""
-    finish = getattr(dataset, "finish_on_device", None)
-    wanted = finish is not None and getattr(dataset, "finishes_ahead", False)
+    finish = contract.device_finisher(dataset)
+    wanted = finish is not None and contract.finishes_ahead(dataset)
     workers = getattr(loader, "num_workers", 0) > 0
     if not (wanted and workers and depth > 0 and torch.device(device).type == "cuda"):
         return loader

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from engine.spawn import free_port
-from engine.tasks import IGNORE
+from engine.tasks import IGNORE, task_of
 from tests.helpers import engine_env
 
 HERE = Path(__file__).resolve()
@@ -84,7 +84,7 @@ def step_against_reference(root: Path, name: str, rank: int, world: int, accum: 
         assert int((y != IGNORE).sum()) == sum(COUNTED)
 
         reference = copy.deepcopy(run.net.bare)  # the weights before the step
-        expected_loss = recipe.task.train_loss(reference(x), y, 0.0) / sum(COUNTED)
+        expected_loss = task_of(recipe).train_loss(reference(x), y, 0.0) / sum(COUNTED)
         expected_loss.backward()
         expected = {n: p.grad.clone() for n, p in reference.named_parameters()}
 

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from engine import catalog
-from engine.tasks import Classification, NextToken, Task
+from engine.tasks import Classification, NextToken, Task, task_of
 from tests.helpers import run_dir, run_engine
 
 
 @pytest.mark.parametrize("name", catalog.available())
 def test_every_recipes_task_satisfies_the_interface(name):
     cfg, recipe = catalog.load_config(name, [])
-    task = recipe.task.for_model(cfg.model)
+    task = task_of(recipe).for_model(cfg.model)
     assert isinstance(task, Task)
     assert isinstance(task.higher_is_better, bool) and task.unit
     assert task.metrics[0] == "loss" and "count" not in task.metrics
