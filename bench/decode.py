@@ -6,7 +6,7 @@ photos (bench.jpegs). Every path gets the same per-sample seeds, so the same cro
 - PIL (the baseline): Image.open + convert("RGB"), the v2 transforms on the PIL image, then
   PILToTensor (uint8).
 - tensor (the engine's decode=cpu): torchvision.io.decode_image + the v2 transforms on the
-  uint8 tensor (engine.data.images).
+  uint8 tensor (engine.vision.images).
 - gpu path on CPU: decode=gpu's whole work done on the CPU (the worker's read, header and draw,
   then the batched decode_jpeg, crop and flip that the device does): a check that the path
   costs no more than decode=cpu where it runs on the CPU, not a GPU figure.
@@ -36,9 +36,9 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from bench.jpegs import write_jpeg_folder
-from engine.data.gpu_decode import DeviceDecodedFiles, EncodedImage
-from engine.data.imagefolder import ImageFiles, scan_split
-from engine.data.images import ImageAugment, TrainTransform, eval_transform
+from engine.vision.gpu_decode import DeviceDecodedFiles, EncodedImage
+from engine.vision.imagefolder import ImageFiles, scan_split
+from engine.vision.images import ImageAugment, TrainTransform, eval_transform
 
 UNIT = "img/s per core"
 BATCH = 32  # the batched decode of the gpu path on CPU

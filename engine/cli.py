@@ -28,6 +28,7 @@ from engine import catalog, preempt, rundir
 from engine import config as C
 from engine import distributed as D
 from engine import recipe as contract
+from engine import weights as home
 from engine.data.sampler import check_elastic
 from engine.faults import RunError
 from engine.recipe import Recipe
@@ -224,10 +225,7 @@ def load(request: Request) -> tuple[C.Config, Recipe]:
     unnamed = saved_name or request.evaluate  # scoring claims no run directory
     leading = [*(["run.name="] if unnamed else []), *wandb_env_overrides(os.environ)]
     loaded = catalog.load_config(request.recipe, [*leading, *request.overrides], request.config)
-    if loaded[0].model.weights:  # the named weights' preprocessing, before anything reads it
-        from engine.data.images import follow_weights  # start-up time: transforms
-
-        follow_weights(loaded[0], sources.transforms_of)
+    home.follow_preprocessing(*loaded)  # the named weights', before anything reads it
     if saved_name and is_rank_zero():
         print(
             f"note: {request.config} is the config of run {saved_name!r}; this starts a new "

@@ -77,6 +77,11 @@ class Recipe:
     # with data.root=root, and a user can try the recipe before the download. None: the recipe
     # reads no files (its data ships with a package or is generated).
     example_data: Callable[..., None] | None = None
+    # follow_weights(config, transforms_of) sets the data section's preprocessing to the
+    # named weights' own (model.weights; transforms_of(name) gives torchvision's transforms
+    # of those weights) through config.finalize, and says in words what the run uses: image
+    # recipes give engine.vision.images.follow_weights. None: the data keeps its own.
+    follow_weights: Callable[[Any, Callable[[str], Any]], str] | None = None
     # check_data(data_config) looks where the data config points (a few directory listings,
     # no file reads) and raises a one-line DataError naming what is missing: launch runs it
     # before starting or queueing anything. None: nothing to look at (packaged or generated).
@@ -116,7 +121,7 @@ def weights_name(model: Any) -> str:
 
 
 def augment(data: Any) -> Any:
-    """data.augment: the image pipeline's own section (engine.data.images.AugmentConfig and
+    """data.augment: the image pipeline's own section (engine.vision.images.AugmentConfig and
     its eval_resize, eval_size, interpolation, follow_weights), where a recipe embeds it."""
     return getattr(data, "augment", None)
 

@@ -194,7 +194,7 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     if from_file and not on_meta:
         ckpt.load_model_state(model, source[1]["model"], source[0])
     from_weights = not source and sources.wanted(cfg.model)
-    init = start_from(model, cfg, decided.denv) if from_weights and not on_meta else None
+    init = start_from(model, decided) if from_weights and not on_meta else None
     freeze(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
     set_backend_flags(cfg.train, cfg.deterministic)
     # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
@@ -209,20 +209,18 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
         weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
-        init = start_from(model, cfg, decided.denv) if from_weights else None
+        init = start_from(model, decided) if from_weights else None
         ema = build_ema(model, cfg.ema)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return Network(wrapped, model, eval_model, strategy, layout, trainable, ema, init)
 
 
-def start_from(model: nn.Module, cfg: C.Config, denv: D.DistEnv) -> dict:
+def start_from(model: nn.Module, decided: Decisions) -> dict:
     """model.init_from / model.weights loaded into the model, said once."""
+    cfg, denv = decided.cfg, decided.denv
     record = home.start_from(model, cfg.model, denv.is_main)
-    if cfg.model.weights:
-        from engine.data.images import follow_weights  # start-up time: transforms
-
-        # set at load_config already: here for the words recorded
-        record["preprocessing"] = follow_weights(cfg, sources.transforms_of)
+    if cfg.model.weights:  # followed at load_config already: here for the words recorded
+        record["preprocessing"] = home.follow_preprocessing(cfg, decided.recipe)
     if denv.is_main:
         log(home.describe(record))
         warning = sources.name_hash_warning(Path(record["file"]), record["sha256"])

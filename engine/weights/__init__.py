@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import nn
 
+from engine import recipe as contract
 from engine.weights import files, match, sources
 from engine.weights.match import SHOWN
 
@@ -65,3 +66,14 @@ def start_from(model: nn.Module, model_cfg: Any, is_main: bool) -> dict[str, Any
     match.load(model, found)
     digest = files.sha256(path) if is_main else ""
     return record(path, kind, found, digest, model_cfg.weights)
+
+
+def follow_preprocessing(cfg: Any, recipe: Any) -> str:
+    """With model.weights, the recipe's data side takes the weights' own preprocessing
+    (Recipe.follow_weights, e.g. an image recipe's eval resize and crop). Returns what the
+    run uses, in words ("" without named weights)."""
+    if not contract.weights_name(cfg.model):
+        return ""
+    if recipe.follow_weights is None:
+        return "the recipe's (its data section has no image preprocessing to set)"
+    return recipe.follow_weights(cfg, sources.transforms_of)

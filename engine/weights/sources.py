@@ -80,5 +80,5 @@ def name_hash_warning(path: Path, digest: str) -> str:
 
 def transforms_of(name: str) -> Any:
     """The named weights' preprocessing (resize, crop, interpolation, mean, std), as
-    torchvision's weights entry gives it: what engine.data.images.follow_weights follows."""
+    torchvision's weights entry gives it: what engine.vision.images.follow_weights follows."""
     return torchvision_weights(name).transforms()

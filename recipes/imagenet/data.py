@@ -12,16 +12,16 @@ from typing import Literal
 from torch.utils.data import Dataset
 
 from engine.config import bounded
-from engine.data.gpu_decode import DeviceDecodedFiles, check_augment
-from engine.data.imagefolder import (
+from engine.vision.gpu_decode import DeviceDecodedFiles, check_augment
+from engine.vision.imagefolder import (
     FolderHelp,
     FolderIndex,
     ImageFiles,
     check_layout,
     folder_indexes,
 )
-from engine.data.images import ImageAugment, TrainTransform, eval_transform
-from engine.data.synthetic import SyntheticImages
+from engine.vision.images import ImageAugment, TrainTransform, eval_transform
+from engine.vision.synthetic import SyntheticImages
 
 # What the layout's errors tell a user who has no ImageNet at data.root yet.
 HELP = FolderHelp(

@@ -1,4 +1,5 @@
 from engine.recipe import Recipe, flip_width
+from engine.vision.images import follow_weights
 from recipes.imagenet.data import DataConfig, build_datasets, check_data
 from recipes.imagenet.example import write_example
 from recipes.imagenet.model import ModelConfig, build_model
@@ -13,4 +14,5 @@ RECIPE = Recipe(
     faster_input="data.decode=gpu",
     example_data=write_example,
     check_data=check_data,
+    follow_weights=follow_weights,
 )

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 from engine.config import EmaConfig, MixConfig, OptimConfig
-from engine.data.images import ImageAugment, TrainTransform, ramp_size
 from engine.data.mix import BatchMix
 from engine.ema import build_ema, update_ema
 from engine.optim import build_optimizer
+from engine.vision.images import ImageAugment, TrainTransform, ramp_size
 
 
 def test_mix_is_a_function_of_seed_epoch_and_position_and_leaves_the_rng_alone():

@@ -17,8 +17,8 @@ from torch import nn
 from engine import catalog, optim, weights
 from engine import checkpoint as ckpt
 from engine.config import ConfigError, OptimConfig, WeightsInit
-from engine.data.images import follow_weights
 from engine.optim import build_optimizer, lr_factors, param_groups
+from engine.vision.images import follow_weights
 from engine.weights import files as weight_files
 from engine.weights import match, sources
 

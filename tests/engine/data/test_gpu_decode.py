@@ -14,7 +14,9 @@ from torchvision.transforms.v2.functional import _geometry
 from bench.jpegs import write_jpeg_folder
 from engine.config import ConfigError, LoaderConfig
 from engine.data.errors import DataError
-from engine.data.gpu_decode import (
+from engine.data.loaders import eval_loader, train_loader
+from engine.data.sampler import GlobalBatchSampler, plan_batches
+from engine.vision.gpu_decode import (
     BILINEAR,
     DeviceDecodedFiles,
     EncodedBatch,
@@ -23,8 +25,8 @@ from engine.data.gpu_decode import (
     decode_batch,
     resize_centre_crop_batch,
 )
-from engine.data.imagefolder import ImageFiles, folder_indexes
-from engine.data.images import (
+from engine.vision.imagefolder import ImageFiles, folder_indexes
+from engine.vision.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageAugment,
@@ -33,8 +35,6 @@ from engine.data.images import (
     mean_colour,
     normalise_on_device,
 )
-from engine.data.loaders import eval_loader, train_loader
-from engine.data.sampler import GlobalBatchSampler, plan_batches
 from tests.datagen_images import (
     jpeg_bytes,
     plant_jpeg,

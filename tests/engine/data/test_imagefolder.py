@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from engine.data import imagefolder
 from engine.data.errors import BadSample, DataError
-from engine.data.imagefolder import (
+from engine.vision import imagefolder
+from engine.vision.imagefolder import (
     FolderHelp,
     FolderIndex,
     ImageFiles,

@@ -20,14 +20,14 @@ from engine import evaluate, setup
 from engine.catalog import load_config
 from engine.config import LoaderConfig
 from engine.data.errors import DataError
-from engine.data.gpu_decode import DeviceDecodedFiles, crop_flip_batch, decode_batch
-from engine.data.imagefolder import folder_indexes
-from engine.data.images import ImageAugment, normalise_on_device
 from engine.data.loaders import eval_loader, train_loader
 from engine.data.prefetch import FinishAhead, Finished, finish_ahead
 from engine.data.sampler import GlobalBatchSampler, plan_batches
 from engine.run import Run
 from engine.train import fit
+from engine.vision.gpu_decode import DeviceDecodedFiles, crop_flip_batch, decode_batch
+from engine.vision.imagefolder import folder_indexes
+from engine.vision.images import ImageAugment, normalise_on_device
 from tests.datagen_images import plant_not_an_image, settle, wnid, write_image_folder
 from tests.engine.data.test_gpu_decode import (
     plant_bad_huffman_table,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from engine.data.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
+from engine.vision.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
 
 
 class SyntheticImages(Dataset):

@@ -26,7 +26,7 @@ from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms.v2 import functional as F
 
 from engine.data.errors import BadSample, DataError
-from engine.data.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
+from engine.vision.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp"}
 CACHE_FORMAT = 1

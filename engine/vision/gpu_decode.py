@@ -43,8 +43,8 @@ from torchvision.transforms.v2 import functional as F
 
 from engine.config import ConfigError
 from engine.data.errors import DataError
-from engine.data.imagefolder import FolderIndex, ImageFiles, decode_rgb, error_reason, read_bytes
-from engine.data.images import (
+from engine.vision.imagefolder import FolderIndex, ImageFiles, decode_rgb, error_reason, read_bytes
+from engine.vision.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageAugment,
