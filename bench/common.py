@@ -11,6 +11,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,6 +22,8 @@ from engine.recipe import Recipe
 from engine.run import Run
 from engine.setup import setup
 from engine.train import train_steps
+
+CPU = torch.device("cpu")
 
 
 def result(
@@ -58,26 +61,73 @@ def paired_ratio(measured: list[float], baseline: list[float]) -> float:
     return statistics.median(m / b for m, b in zip(measured, baseline, strict=True))
 
 
+class Capture:
+    """The run's tracker, keeping each record in memory as well."""
+
+    def __init__(self, tracker):
+        self.tracker, self.records = tracker, []
+
+    def write(self, record: dict) -> None:
+        self.records.append(dict(record))
+        self.tracker.write(record)
+
+    def close(self) -> None:
+        self.tracker.close()
+
+
+def start_engine_run(
+    recipe: str,
+    overrides: list[str],
+    root: Path,
+    name: str = "bench",
+    device: torch.device = CPU,
+    variant: str = "",
+    replace: Callable[[Recipe], Recipe] | None = None,
+) -> tuple[Run, Recipe]:
+    """The engine's Run (and the recipe) for one process, set up as `make train` sets it up
+    (no W&B, no progress display), under `root`, its metrics records also kept in memory
+    (run.records.tracker.records). `replace`: a recipe built from the named one, run in its
+    place. The one way every benchmark, CPU or GPU, builds an engine run."""
+    fixed = ["log.wandb=off", "log.progress=off", f"run.root={root}", f"run.name={name}"]
+    cfg, rec = load_config(recipe, [*fixed, f"device={device.type}", *overrides], variant)
+    rec = replace(rec) if replace else rec
+    run = setup(cfg, rec, D.DistEnv(), device)
+    run.records.tracker = Capture(run.records.tracker)
+    return run, rec
+
+
+def close_engine_run(run: Run) -> None:
+    """The tracker, the lock on the run directory, the thread finishing batches ahead and
+    the loader's persistent workers, released; never raises (a benchmark reports, then ends)."""
+    with contextlib.suppress(Exception):
+        run.records.tracker.close()
+    if run.records.lock_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(run.records.lock_fd)
+        run.records.lock_fd = None
+    close = getattr(run.feed.loader, "close", None)  # loader.decode_ahead's thread, first
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+    iterator = getattr(run.feed.loader, "_iterator", None)  # persistent loader workers
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        with contextlib.suppress(Exception):
+            iterator._shutdown_workers()
+
+
 @contextlib.contextmanager
 def engine_run(
     recipe: str, overrides: list[str], replace: Callable[[Recipe], Recipe] | None = None
 ) -> Iterator[tuple[Run, Recipe]]:
-    """The engine's Run (and the recipe) for one process on the CPU, set up as `make train`
-    sets it up, its run directory in a temporary folder that is removed afterwards.
-    `replace`: a recipe built from the named one (its config), run in its place."""
+    """start_engine_run on the CPU in a temporary folder, closed and removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="bench-") as root:
-        fixed = ["log.wandb=off", "log.progress=off", f"run.root={root}", "run.name=bench"]
-        cfg, rec = load_config(recipe, [*fixed, "device=cpu", *overrides])
-        rec = replace(rec) if replace else rec
-        run = setup(cfg, rec, D.DistEnv(), torch.device("cpu"))
+        run, rec = start_engine_run(recipe, overrides, Path(root), replace=replace)
         try:
             yield run, rec
         finally:
-            run.records.tracker.close()
-            if run.records.lock_fd is not None:
-                os.close(run.records.lock_fd)
+            close_engine_run(run)
             del run
-            gc.collect()  # ends the loader's persistent workers before the folder goes
+            gc.collect()  # the loader's workers end before the folder goes
 
 
 class StepClock:

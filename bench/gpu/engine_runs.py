@@ -4,16 +4,13 @@ its metrics records kept in memory, and its workers and lock released afterwards
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 
+from bench.common import close_engine_run, start_engine_run
 from bench.gpu.harness import Bench
 from engine import catalog
-from engine import distributed as D
-from engine.catalog import load_config
 from engine.config import ENGINE_SECTIONS
-from engine.train import setup, train_steps
+from engine.train import train_steps
 
 
 def has_key(recipe_name: str, dotted: str) -> bool:
@@ -25,49 +22,13 @@ def has_key(recipe_name: str, dotted: str) -> bool:
     return cls is not None and name in {f.name for f in dataclasses.fields(cls)}
 
 
-class Capture:
-    """The run's tracker, keeping each record in memory as well."""
-
-    def __init__(self, tracker):
-        self.tracker, self.records = tracker, []
-
-    def write(self, record: dict) -> None:
-        self.records.append(dict(record))
-        self.tracker.write(record)
-
-    def close(self) -> None:
-        self.tracker.close()
-
-
 def engine_run(bench: Bench, recipe: str, overrides: list[str], name: str, variant: str = ""):
-    common = [
-        "log.wandb=off",
-        "log.progress=off",
-        f"run.root={bench.tmp / 'runs'}",
-        f"run.name={name}",
-        f"device={bench.device.type}",
-    ]
-    cfg, rec = load_config(recipe, [*common, *overrides], variant)
-    run = setup(cfg, rec, D.DistEnv(), bench.device)
-    run.records.tracker = Capture(run.records.tracker)
-    return run
+    """bench.common's engine run, on the bench's device under its scratch folder."""
+    root = bench.tmp / "runs"
+    return start_engine_run(recipe, overrides, root, name, bench.device, variant)[0]
 
 
-def close_run(run) -> None:
-    with contextlib.suppress(Exception):
-        run.records.tracker.close()
-    if run.records.lock_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(run.records.lock_fd)
-        run.records.lock_fd = None
-    close = getattr(run.feed.loader, "close", None)  # loader.decode_ahead's thread, first
-    if close is not None:
-        with contextlib.suppress(Exception):
-            close()
-    iterator = getattr(run.feed.loader, "_iterator", None)  # persistent loader workers
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        with contextlib.suppress(Exception):
-            iterator._shutdown_workers()
+close_run = close_engine_run
 
 
 def engine_steps(run, n: int) -> None:
