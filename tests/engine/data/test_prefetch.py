@@ -221,15 +221,20 @@ def test_keyboard_interrupt_in_the_thread_or_while_waiting_leaves_nothing_behind
         next(batches)
     assert no_thread_within()
 
-    def slow(x, device):
-        time.sleep(0.5)
+    # Ctrl-C while the loop waits for a batch. No batch is finished before the interrupt has
+    # arrived, however late the timer fires: with a fixed delay per batch instead, a loaded
+    # machine once let the pass end first (StopIteration).
+    released = threading.Event()
+
+    def held(x, device):
+        released.wait(timeout=60)
         return train.finish_on_device(x, device)
 
-    batches = iter(FinishAhead(loader, slow, CPU))
+    batches = iter(FinishAhead(loader, held, CPU))
     threading.Timer(0.05, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):  # Ctrl-C while the loop waits for a batch
-        for _ in range(100):
-            next(batches)
+    with pytest.raises(KeyboardInterrupt):
+        next(batches)
+    released.set()
     del batches
     assert no_thread_within()
 
