@@ -6,10 +6,32 @@ also run on the CPU in its own reduced form: GPU_TESTS_ON_CPU=1 keeps it (to che
 itself before its one run on a GPU)."""
 
 import os
+import signal
+import threading
+import warnings
 
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Handlers a test may install in its worker process (the engine's stop flag, a sweep's or a
+# spawner's forwarding): put back after each test, or the next test in that worker would see
+# Ctrl-C set a flag instead of raising KeyboardInterrupt.
+WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_put_back(request):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in WATCHED_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+            warnings.warn(
+                f"{request.node.nodeid} left a {sig.name} handler installed; put back", stacklevel=1
+            )
 
 
 @pytest.hookimpl(hookwrapper=True)
