@@ -17,10 +17,12 @@ preemption signal with a checkpoint saved (rerun the same command to resume)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -105,23 +107,50 @@ class Request:
         return flags + (["--out", self.out] if self.out else [])
 
 
-def _take_option(args: list[str], flag: str) -> str | None:
-    """Remove `flag VALUE` from args and return VALUE (None when the flag is absent)."""
-    if flag not in args:
+SWITCHES = (("-h", "--help"), ("--help-all",), ("--print-config",), ("--data-here",), ("--ema",))
+# Value flags in the order their values are checked: the first problem found is the one told.
+VALUE_FLAGS = ("--eval", "--out", "--spawn", "--check", "--config")
+_NO_VALUE = object()  # a value flag given last, or followed by a flag or a `--`
+
+
+class _Parser(argparse.ArgumentParser):
+    """The engine's flags. A refused command line ends in the engine's one line (main prints
+    it and exits 2), never in argparse's usage dump; the help is help_text, not argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        flag, _, problem = message.removeprefix("argument ").partition(": ")
+        value = problem.removeprefix("ignored explicit argument ")  # --ema=1, -hx
+        if value != problem:
+            message = f"{flag} takes no value, got {value}"
+        raise C.ConfigError(f"{message}; {USAGE}")
+
+
+def _parser() -> _Parser:
+    """Flags go anywhere among RECIPE and the overrides, as `--flag VALUE` or `--flag=VALUE`.
+    What is not a flag of this parser (the recipe, key=value, an unknown --flag, a `--` and
+    what follows it) is left in order for parse_argv, which reads the first word as RECIPE
+    and hands the rest to the config as overrides; an unknown flag is refused there."""
+    parser = _Parser(prog="python -m engine.train", add_help=False, allow_abbrev=False)
+    for names in SWITCHES:  # given twice is given
+        parser.add_argument(*names, action="store_true")
+    for flag in VALUE_FLAGS:  # every occurrence, so that one given twice is told
+        parser.add_argument(flag, action="append", nargs="?", const=_NO_VALUE)
+    return parser
+
+
+def _given(flags: argparse.Namespace, flag: str) -> list:
+    """Each value a value flag was given, in order ([] when it is absent)."""
+    return getattr(flags, flag.removeprefix("--")) or []
+
+
+def _value(flags: argparse.Namespace, flag: str) -> str | None:
+    """A value flag's value (None when the flag is absent)."""
+    if not (given := _given(flags, flag)):
         return None
-    i = args.index(flag)
-    if i + 1 >= len(args) or args[i + 1].startswith("-"):
+    value = given[0]
+    if value is _NO_VALUE or value.startswith("-"):
         raise C.ConfigError(f"{flag} needs a value; {USAGE}")
-    value = args[i + 1]
-    del args[i : i + 2]
     return value
-
-
-def _take_flag(args: list[str], *names: str) -> bool:
-    """Remove every one of `names` from args; whether any was there."""
-    found = any(name in args for name in names)
-    args[:] = [a for a in args if a not in names]
-    return found
 
 
 def _count(flag: str, text: str | None, least: int) -> int:
@@ -145,26 +174,27 @@ def _counts(flag: str, text: str | None) -> tuple[int, ...]:
 
 
 def parse_argv(argv: list[str]) -> Request:
-    args = list(argv)
-    help_all = _take_flag(args, "--help-all")
-    wants_help = _take_flag(args, "--help", "-h") or help_all
-    print_config = _take_flag(args, "--print-config")
-    data_here = _take_flag(args, "--data-here")
-    ema = _take_flag(args, "--ema")
-    evaluate = _take_option(args, "--eval") or ""
-    out = _take_option(args, "--out") or ""
-    if (ema or out) and not evaluate:
+    """The request, or a ConfigError of one line. With --help every other word is ignored,
+    but a flag's missing or bad value is still refused."""
+    flags, args = _parser().parse_known_args(argv)
+    wants_help = flags.help or flags.help_all
+    evaluate = _value(flags, "--eval") or ""
+    out = _value(flags, "--out") or ""
+    if (flags.ema or out) and not evaluate:
         raise C.ConfigError(f"--ema and --out go with --eval PATH; {USAGE}")
-    spawn = _count("--spawn", _take_option(args, "--spawn"), least=0)
-    check = _counts("--check", _take_option(args, "--check"))
-    config = _take_option(args, "--config") or ""
+    spawn = _count("--spawn", _value(flags, "--spawn"), least=0)
+    check = _counts("--check", _value(flags, "--check"))
+    config = _value(flags, "--config") or ""
+    twice = [flag for flag in VALUE_FLAGS if len(_given(flags, flag)) > 1]
+    if twice and not wants_help:
+        raise C.ConfigError(f"{twice[0]} is given more than once; {USAGE}")
     named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
     if evaluate and not config:  # a run's checkpoint is scored with that run's request
         config = _run_config(evaluate, args[0] if named else "")
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
-    request = Request(recipe, config, args, spawn, check, data_here, print_config, wants_help)
-    request.help_all = help_all
-    request.evaluate, request.ema, request.out = evaluate, ema, out
+    request = Request(recipe, config, args, spawn, check, flags.data_here, flags.print_config)
+    request.help, request.help_all = wants_help, flags.help_all
+    request.evaluate, request.ema, request.out = evaluate, flags.ema, out
     return request
 
 
