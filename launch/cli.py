@@ -46,18 +46,8 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import (
-    check,
-    compare,
-    remote,
-    render,
-    report,
-    reproduce,
-    request,
-    snapshot,
-    sweep,
-    watch,
-)
+from launch import check, remote, render, request, snapshot, watch
+from launch.analysis import compare, report, reproduce, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
