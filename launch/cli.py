@@ -40,48 +40,20 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import (
-    check,
-    compare,
-    remote,
-    render,
-    report,
-    reproduce,
-    request,
-    snapshot,
-    sweep,
-    watch,
-)
+from launch import check, remote, render, request, snapshot, watch
+from launch.analysis import compare, report, reproduce, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
 
-COMMANDS = (
-    "train",
-    "eval",
-    "dry-run",
-    "submit",
-    "sweep",
-    "docker-train",
-    "image",
-    "sif",
-    "render",
-    "sbatch",
-    "config",
-    "recipes",
-    "report",
-    "compare",
-    "reproduce",
-    "status",
-    "logs",
-    "cancel",
-)
+# A command's handler: (its parsed arguments, the environment, argv as given) -> exit code.
+Handler = Callable[[argparse.Namespace, Mapping[str, str], list[str]], int]
 RUN_TARGETS = ("local", "docker", "pyxis", "apptainer")
 RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
 # The engine checks their config first, dry runs and printed batch scripts included, for
@@ -209,7 +181,7 @@ def render_target(req: Request, target: str) -> list[str] | str:
     return render.TARGETS[target](req)
 
 
-def cmd_run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     fixed = {"docker-train": "docker", "image": "image", "sif": "sif", "sbatch": "sbatch"}
     fixed["eval"] = "local"  # scores here, on this machine's processes
     target = fixed.get(args.command)
@@ -286,7 +258,7 @@ def eval_flags(env: Mapping[str, str]) -> tuple[str, ...]:
     return (*flags, *(["--out", env["OUT"]] if env.get("OUT") else []))
 
 
-def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """What submitit submits: printed by a dry run, else checked by the engine and queued."""
     req = snapshot.attach(request.resolve(args, env, target="submit"))
     slurm = check.slurm_support()
@@ -299,7 +271,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return slurm.submit(req)
 
 
-def cmd_config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def cmd_config(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """The resolved config of a request, as the run would save it (a file CONFIG= reruns);
     like --print-config, it names no run unless run.name is given."""
     req = dataclasses.replace(request.resolve(args, env, target="local"), run_name="")
@@ -314,11 +286,23 @@ def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str], argv: list[str])
     return sweep.main(args, env, argv)
 
 
-def cmd_report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def cmd_report(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     return report.main(args, env, dry=request.is_dry(args, env))
 
 
-def cmd_recipes(env: Mapping[str, str]) -> int:
+def cmd_compare(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    return compare.main(args, env, dry=request.is_dry(args, env))
+
+
+def cmd_reproduce(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    return reproduce.main(args, env)
+
+
+def cmd_watch(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    return watch.main(args, env)
+
+
+def cmd_recipes(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """Each recipe with its configs and what they train, ready to copy as RECIPE/CONFIG."""
     names = request.recipe_names(env)
     if not names:
@@ -332,6 +316,30 @@ def cmd_recipes(env: Mapping[str, str]) -> int:
     return 0
 
 
+# Every command and its handler, in the order --help and the one-line errors list them.
+HANDLERS: dict[str, Handler] = {
+    "train": cmd_run,
+    "eval": cmd_run,
+    "dry-run": cmd_run,
+    "submit": cmd_submit,
+    "sweep": cmd_sweep,
+    "docker-train": cmd_run,
+    "image": cmd_run,
+    "sif": cmd_run,
+    "render": cmd_run,
+    "sbatch": cmd_run,
+    "config": cmd_config,
+    "recipes": cmd_recipes,
+    "report": cmd_report,
+    "compare": cmd_compare,
+    "reproduce": cmd_reproduce,
+    "status": cmd_watch,
+    "logs": cmd_watch,
+    "cancel": cmd_watch,
+}
+COMMANDS = tuple(HANDLERS)
+
+
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if hasattr(sys.stdout, "reconfigure"):  # argv bytes that are not UTF-8 print as they came
@@ -341,23 +349,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         args = parse_args(argv)
         if remote.forwards(args, env):  # REMOTE=user@login: the same command there, over ssh
             return remote.main(args, argv, env)
-        if args.command == "submit":
-            return cmd_submit(args, env)
-        if args.command == "sweep":
-            return cmd_sweep(args, env, argv)
-        if args.command == "config":
-            return cmd_config(args, env)
-        if args.command == "recipes":
-            return cmd_recipes(env)
-        if args.command == "report":
-            return cmd_report(args, env)
-        if args.command == "compare":
-            return compare.main(args, env, dry=request.is_dry(args, env))
-        if args.command == "reproduce":
-            return reproduce.main(args, env)
-        if args.command in ("status", "logs", "cancel"):
-            return watch.main(args, env)
-        return cmd_run(args, env)
+        return HANDLERS[args.command](args, env, argv)
     except UserError as e:
         print(f"launch: {printable(str(e))}", file=sys.stderr)
         return e.code

@@ -1,10 +1,13 @@
 """Reading run directories as the engine leaves them (config.yaml, env.json, summary.json,
-metrics.jsonl) for reports and charts. A run that is still going, stopped early, resumed or
-never evaluated reads as whatever is there; a path that is not a run is one UserError.
+metrics.jsonl): for watching runs (launch.watch), a sweep's members (launch.sweep) and the
+analysis's reports and charts (launch.analysis). A run that is still going, stopped early,
+resumed or never evaluated reads as whatever is there; a path that is not a run is one
+UserError.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,7 @@ UNSET = "(unset)"
 # An evaluation record's keys that are not metrics: summary.json leaves them out too.
 EVAL_BOOKKEEPING = ("kind", "step", "epoch", "count", "skipped")
 WHERE = "give a run directory, runs/<recipe>/<run name>"
+FINISHED = "finished"
 
 
 @dataclass
@@ -47,6 +51,23 @@ class Headline:
     def metric(self) -> str:
         """Its name in the evaluation records ("top1", "loss")."""
         return results.eval_name(self.key)
+
+
+@dataclass
+class Member:
+    """One run of a sweep's or a comparison's cell: its run name and seed, where it is, and
+    how it stands."""
+
+    name: str
+    seed: int | None
+    path: Path
+    status: str = "missing"  # finished | unfinished | failed | queued | missing | duplicate
+    summary: dict | None = None  # summary.json, once finished
+    last_line: str | None = None  # of its log, for one that failed or stopped
+
+    @property
+    def finished(self) -> bool:
+        return self.status == FINISHED
 
 
 @dataclass
@@ -239,6 +260,16 @@ def check_run_dir(text: str) -> Path:
         example = " ".join(f"{text.rstrip('/')}/{name}" for name in runs[:2])
         raise UserError(f"{text} holds runs, not a run's files; name the runs: RUNS='{example}'")
     raise UserError(f"{text} is not a run directory (it has no {MARKER}); {WHERE}")
+
+
+def expand(word: str) -> list[str]:
+    """A pattern's matches, sorted (a pattern that matches nothing: one line); else the word."""
+    if not any(c in word for c in "*?["):
+        return [word]
+    matches = sorted(glob.glob(word))
+    if not matches:
+        raise UserError(f"RUNS: {word} matches no path; check the pattern")
+    return matches
 
 
 def read_run(text: str) -> Run:

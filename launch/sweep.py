@@ -1,6 +1,5 @@
-"""Sweeps: every cell of a grid (launch.grid) times seeds 0..N-1, then a report that says
-per cell the headline's mean, std and 95% interval and whether each cell differs from the
-baseline (launch.compare, launch.stats).
+"""Sweeps: every cell of a grid (launch.grid) times seeds 0..N-1, planned, recorded and run;
+the report that judges the cells is launch.analysis.sweep's, which drives this module.
 
     make sweep ARGS="optim.lr=0.05,0.1,0.2 mix.mixup_alpha=0,0.2 run.name=lr" SEEDS=3
     make sweep SWEEP=sweeps/lr.yaml TARGET=submit PARALLEL=4
@@ -36,12 +35,10 @@ from typing import Any
 
 from engine.redact import redact
 from engine.rundir import decide_run_dir
-from launch import cells as C
-from launch import check, compare, grid, render, report, request, snapshot, stats
-from launch.cells import Cell, Member
+from launch import check, grid, render, request, snapshot
 from launch.errors import UserError
 from launch.render import Request
-from launch.runs import read_json
+from launch.runs import FINISHED, Member, read_json
 
 MANIFEST = "sweep.json"
 # The request variables a sweep's command is rebuilt from (report.json's "command").
@@ -277,7 +274,7 @@ def stand(planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str
     summary = read_json(path / "summary.json", [])
     log = Path(attempt["log"]) if attempt.get("log") else None
     if summary is not None:
-        member.status, member.summary = C.FINISHED, summary
+        member.status, member.summary = FINISHED, summary
     elif attempt.get("job") and live is not None and attempt["job"] in live:
         member.status = "queued"
     elif attempt.get("job") and live is None:  # not known to have failed
@@ -403,50 +400,7 @@ def run_slurm(
     write_manifest(plan.folder, record)
 
 
-# ---------------------------------------------------------------- the report
-
-
-def report_cells(plan: Plan, found: list[Member]) -> list[Cell]:
-    by_cell: dict[str, Cell] = {}
-    base = plan.grid.baseline_cell().name
-    for planned, member in zip(plan.members, found, strict=True):
-        settings = {k: grid.canonical(v) for k, v in planned.cell.settings}
-        name = planned.cell.name or plan.name
-        cell = by_cell.setdefault(name, Cell(name, settings, baseline=planned.cell.name == base))
-        cell.members.append(member)
-    return list(by_cell.values())
-
-
-def git_text(record: Mapping[str, Any], envs: Mapping[str, dict]) -> str:
-    """The launch's checkout, and the commits the finished members ran at where they differ."""
-    git = record.get("git") or {}
-    text = report.git_text({"git_sha": git.get("sha"), "git_dirty": git.get("dirty")})
-    shas = {report.git_text(env) for env in envs.values() if env.get("git_sha")}
-    if shas and shas != {text}:
-        text += f"; members ran at {', '.join(sorted(shas))}"
-    return text
-
-
-def write_report(plan: Plan, record: dict[str, Any]) -> tuple[str, list[Member]]:
-    found = standing(plan, record.get("attempts") or {})
-    cells = report_cells(plan, found)
-    finished = [m for m in found if m.finished]
-    shape = " x ".join(str(len(a.points)) for a in plan.grid.axes) or "1"
-    title = (f"Sweep {plan.name} ({plan.req.recipe}): {shape} cells x {plan.seeds} seeds, "
-             f"{len(finished)} of {len(found)} members finished")  # fmt: skip
-    envs = {m.name: read_json(m.path / "env.json", []) or {} for m in finished}
-    headline = compare.headline_of(finished or found, envs)
-    kept = {
-        k: record[k]
-        for k in ("sweep", "recipe", "config", "grid", "seeds", "parallel", "command", "git")
-    }
-    kept["git_text"] = git_text(record, envs)
-    rep = compare.Report(title, headline, kept, plan.grid.keys, C.numeric_axis(cells))
-    folder = plan.folder
-    text = compare.write(
-        cells, rep, folder / "report.md", folder / "report.json", folder / "chart.png"
-    )
-    return text, found
+# ---------------------------------------------------------------- what is left
 
 
 def outcome(plan: Plan, found: list[Member]) -> int:
@@ -463,16 +417,14 @@ def outcome(plan: Plan, found: list[Member]) -> int:
     return 1
 
 
-# ---------------------------------------------------------------- the command
+# ---------------------------------------------------------------- a launch
 
 
 def to_run(plan: Plan, attempts: Mapping[str, Mapping]) -> tuple[list[Planned], list[Member]]:
     """(the members a launch runs now: neither finished nor queued, how every member stands)."""
     found = standing(plan, attempts)
     todo = [
-        p
-        for p, m in zip(plan.members, found, strict=True)
-        if m.status not in (C.FINISHED, "queued")
+        p for p, m in zip(plan.members, found, strict=True) if m.status not in (FINISHED, "queued")
     ]
     return todo, found
 
@@ -540,65 +492,25 @@ def group_environ(name: str) -> dict[str, str]:
     return {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP") or name}
 
 
-def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | None = None) -> int:
-    if args.report is not None:
-        return report_only(args, env)
-    plan = make_plan(args, env)
-    if request.is_dry(args, env):
-        return dry_run(plan)
-    stats.require_scipy()
-    if plan.slurm:
-        check.slurm_support().require_sbatch()
-    with SweepLock(plan.folder):
-        old = load_manifest(plan)
-        todo, found = to_run(plan, old.get("attempts") or {})
-        if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
-            check_cells(plan, todo)
-        said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
-        print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
-        record = save_manifest(plan, old, env, argv if argv is not None else sys.argv[1:])
-        stopped = None
-        if todo and plan.slurm:
-            run_slurm(plan, todo, record, group_environ(plan.name), wait=not args.no_wait)
-        elif todo:
-            stopped = run_local(plan, todo, record, group_environ(plan.name))
-        text, found = write_report(plan, record)
-    print(text, end="")
-    print(
-        f"report: {plan.folder / 'report.md'}, chart: {plan.folder / 'chart.png'}", file=sys.stderr
-    )
-    if stopped is not None:
-        name = signal.Signals(stopped).name
-        print(
-            f"launch: sweep {plan.name} stopped by {name}; {plan.rerun} to go on",
-            file=sys.stderr,
-        )
-        return 128 + stopped
-    if plan.slurm and args.no_wait and any(m.status == "queued" or not m.finished for m in found):
-        print(f"when they finish: python -m launch sweep --recipe {plan.req.recipe} --report {plan.name}",
-              file=sys.stderr)  # fmt: skip
-        return 0
-    return outcome(plan, found)
-
-
-def report_only(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """--report NAME: the report of a sweep as it stands, from its sweep.json."""
-    name = args.report
-    if not request.RUN_NAME.fullmatch(name):
-        raise UserError(f"--report={name!r} is not a sweep name; give the sweep's run.name")
-    check_length(name)
-    req = request.resolve(args, env, target="report")
-    folder = report_dir(req.src, req.run_root, req.recipe, name)
-    record = read_json(folder / MANIFEST, [])
-    if not record:
-        raise UserError(
-            f"no sweep {name} in {folder.parent} (no {folder.name}/{MANIFEST}); check --report and RECIPE (runs without one: make compare RUNS=...)"
-        )
-    stats.require_scipy()
-    plan = replay(record, req, folder)
-    text, found = write_report(plan, record)
-    print(text, end="")
-    return outcome(plan, found)
+def launch_members(
+    plan: Plan, env: Mapping[str, str], argv: list[str], wait: bool
+) -> tuple[dict[str, Any], int | None]:
+    """Under the sweep's lock: the members neither finished nor queued, checked, then run here
+    or submitted as one job array (wait: until it ends), each attempt recorded in sweep.json.
+    Returns the record and the signal that stopped a local sweep, if one did."""
+    old = load_manifest(plan)
+    todo, _ = to_run(plan, old.get("attempts") or {})
+    if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
+        check_cells(plan, todo)
+    said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
+    print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
+    record = save_manifest(plan, old, env, argv)
+    stopped = None
+    if todo and plan.slurm:
+        run_slurm(plan, todo, record, group_environ(plan.name), wait=wait)
+    elif todo:
+        stopped = run_local(plan, todo, record, group_environ(plan.name))
+    return record, stopped
 
 
 def replay(record: Mapping[str, Any], req: Request, folder: Path) -> Plan:

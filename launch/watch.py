@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import rundir
-from launch import report, runs
+from launch import runs
 from launch.errors import UserError, printable
 
 LIVE = ("queued", "running", "requeued")
@@ -332,7 +332,7 @@ def run_words(env: Mapping[str, str]) -> list[str]:
     except ValueError as err:
         raise UserError(f"RUNS cannot be split into paths ({err}); check its quotes") from None
     if words:
-        paths = [path for word in words for path in report.expand(word)]
+        paths = [path for word in words for path in runs.expand(word)]
         missing = [p for p in paths if not Path(p).is_dir()]
         if missing:
             raise UserError(f"RUNS: {missing[0]} is not a directory; give run directories")

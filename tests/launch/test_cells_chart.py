@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from launch import charts
-from launch.cells import Cell, Member
-from launch.runs import Headline
+from launch.analysis import charts
+from launch.analysis.cells import Cell
+from launch.runs import Headline, Member
 
 pytest.importorskip("scipy")  # the cells' 95% intervals
 TOP1 = Headline("top1", higher_is_better=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import scipy.stats
 
-from launch import cells as C
-from launch import compare, stats
-from launch.runs import Headline
+from launch.analysis import cells as C
+from launch.analysis import compare, stats
+from launch.runs import FINISHED, Headline, Member
 
 TOP1 = Headline("top1", higher_is_better=True)
 BASELINE = [0.900, 0.905, 0.910, 0.915]
@@ -25,7 +25,7 @@ OTHERS = {
 
 def cell(name: str, values: list[float], baseline: bool = False) -> C.Cell:
     members = [
-        C.Member(f"{name}-s{seed}", seed, Path(name), C.FINISHED, {"top1": value})
+        Member(f"{name}-s{seed}", seed, Path(name), FINISHED, {"top1": value})
         for seed, value in enumerate(values)
     ]
     return C.Cell(name, {}, members, baseline)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from launch import charts, cli, report, runs
+from launch import cli, runs
+from launch.analysis import charts, report
 from tests import helpers
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch import charts, cli, report
+from launch import cli
+from launch.analysis import charts, report
 
 
 def make_run(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from launch import cli, reproduce
+from launch.analysis.reproduce import judge_runs
 
 HERE = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.14.1+cu130"}
 RECORDED = (0.9888579387186629, 0.9832869080779945, 0.9916434540389972)
@@ -29,7 +30,7 @@ def rerun_dir(parent: Path, seed: int, value: float, hardware: dict | None = HER
 
 def judged(tmp_path: Path, values, hardware: dict | None = HERE, recorded=RECORDED):
     dirs = [rerun_dir(tmp_path, s, v, hardware) for s, v in enumerate(values)]
-    return reproduce.judge_runs(claims(recorded), dirs)
+    return judge_runs(claims(recorded), dirs)
 
 
 def test_same_hardware_and_the_same_bits_agree(tmp_path):

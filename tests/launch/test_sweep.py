@@ -1,7 +1,7 @@
-"""launch.grid, launch.stats and `python -m launch sweep|compare` with a fake engine: grids from
-ARGS and sweep files, the statistics against scipy's own, resuming a sweep, refusing a changed
-grid, the dry runs (a job array with a concurrency limit). tests/launch/test_sweep_digits.py
-runs a grid with the real engine; tests/slurm submits one."""
+"""launch.grid, launch.analysis.stats and `python -m launch sweep|compare` with a fake engine:
+grids from ARGS and sweep files, the statistics against scipy's own, resuming a sweep,
+refusing a changed grid, the dry runs (a job array with a concurrency limit).
+tests/launch/test_sweep_digits.py runs a grid with the real engine; tests/slurm submits one."""
 
 import fcntl
 import json
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import scipy.stats
 
-from launch import cells, grid, stats
+from launch import grid, runs
+from launch.analysis import cells, stats
 from launch.errors import UserError
 from tests import helpers
 
@@ -426,14 +427,14 @@ def test_compare_refuses_a_baseline_that_names_no_group(swept):
 def test_cells_rank_best_first_in_the_headlines_direction():
     def cell(name, values):
         members = [
-            cells.Member(f"{name}{i}", i, Path("."), cells.FINISHED, {"loss": v})
+            runs.Member(f"{name}{i}", i, Path("."), runs.FINISHED, {"loss": v})
             for i, v in enumerate(values)
         ]
         return cells.Cell(name, {}, members)
 
     found = [cell("a", [0.5, 0.6]), cell("b", [0.1, 0.2]), cell("c", [])]
-    lower = cells.rank(found, cells.Headline("loss", higher_is_better=False))
-    higher = cells.rank(found, cells.Headline("loss", higher_is_better=True))
+    lower = cells.rank(found, runs.Headline("loss", higher_is_better=False))
+    higher = cells.rank(found, runs.Headline("loss", higher_is_better=True))
     assert [c.name for c in lower] == ["b", "a", "c"] and [c.name for c in higher] == [
         "a",
         "b",

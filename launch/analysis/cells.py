@@ -1,40 +1,23 @@
 """Cells: runs grouped by their settings, each group a set of seeds. A sweep's cells are its
 grid's combinations; `make compare` groups finished runs by the settings in which they differ.
 Both report the same way: per cell the headline metric's and the time's mean, sample std and
-95% interval, the cells ranked, each against the baseline by Welch's t-test (launch.stats).
+95% interval, the cells ranked, each against the baseline by Welch's t-test
+(launch.analysis.stats). A cell's members are launch.runs.Member, as a sweep's launch finds
+them standing.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from launch import stats
-from launch.runs import Headline
-
-FINISHED = "finished"
+from launch.analysis import stats
+from launch.runs import Headline, Member
 
 
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass
-class Member:
-    """One run of a cell: its run name and seed, where it is, and how it stands."""
-
-    name: str
-    seed: int | None
-    path: Path
-    status: str = "missing"  # finished | unfinished | failed | queued | missing | duplicate
-    summary: dict | None = None  # summary.json, once finished
-    last_line: str | None = None  # of its log, for one that failed or stopped
-
-    @property
-    def finished(self) -> bool:
-        return self.status == FINISHED
 
 
 @dataclass

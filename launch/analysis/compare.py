@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch import cells as C
-from launch import charts, grid, hardware, report, runs, stats
-from launch.cells import Cell, Member
+from launch import grid, hardware, runs
+from launch.analysis import cells as C
+from launch.analysis import charts, report, stats
+from launch.analysis.cells import Cell
 from launch.errors import UserError, printable
-from launch.runs import Headline
+from launch.runs import Headline, Member
 
 SEED = "seed"
 
@@ -264,7 +265,7 @@ def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
             name=run.name,
             seed=seed if isinstance(seed, int) else None,
             path=run.path,
-            status=C.FINISHED if run.summary is not None else "unfinished",
+            status=runs.FINISHED if run.summary is not None else "unfinished",
             summary=run.summary,
             last_line=None if run.summary is not None else report.status(run),
         )

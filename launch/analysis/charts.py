@@ -18,8 +18,8 @@ from launch.errors import UserError
 from launch.runs import Headline, Run
 
 if TYPE_CHECKING:
-    from launch.cells import Cell
-    from launch.stats import Summary
+    from launch.analysis.cells import Cell
+    from launch.analysis.stats import Summary
 
 DPI = 100
 RUNS_PX = (1500, 1000)  # (width, height) of a report's chart

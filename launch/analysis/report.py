@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import hashlib
 import json
 import math
@@ -23,7 +22,8 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-from launch import charts, runs
+from launch import runs
+from launch.analysis import charts
 from launch.errors import UserError, printable
 from launch.runs import Run
 
@@ -57,17 +57,7 @@ def run_paths(
             f'no runs given; make {command} RUNS="runs/digits/a runs/digits/b", '
             f"or python -m launch {command} RUN_DIR..."
         )
-    return [path for word in words for path in expand(word)]
-
-
-def expand(word: str) -> list[str]:
-    """A pattern's matches, sorted (a pattern that matches nothing: one line); else the word."""
-    if not any(c in word for c in "*?["):
-        return [word]
-    matches = sorted(glob.glob(word))
-    if not matches:
-        raise UserError(f"RUNS: {word} matches no path; check the pattern")
-    return matches
+    return [path for word in words for path in runs.expand(word)]
 
 
 def read_runs(paths: list[str]) -> list[Run]:
