@@ -2,28 +2,44 @@
 interface every recipe's task satisfies, top-k only below the class count, and the mirror
 view for eval.hflip_tta only where the recipe declares one."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine import catalog
 from engine.tasks import Classification, NextToken, Task, task_of
 from tests.helpers import run_dir, run_engine
+from tests.recipes.tiny_settings import tiny_overrides
 
 
 @pytest.mark.parametrize("name", catalog.available())
-def test_every_recipes_task_satisfies_the_interface(name):
+def test_every_recipes_task_satisfies_the_interface(name, tmp_path):
     cfg, recipe = catalog.load_config(name, [])
     task = task_of(recipe).for_model(cfg.model)
     assert isinstance(task, Task)
     assert isinstance(task.higher_is_better, bool) and task.unit
     assert task.metrics[0] == "loss" and "count" not in task.metrics
-    output, target = (torch.randn(3, 4, 7), torch.randint(0, 7, (3, 4)))
-    if isinstance(task, Classification):
-        output, target = torch.randn(3, 7), torch.randint(0, 7, (3,))
+    output, target = three_samples(name, task, tmp_path)
     sums = task.eval_sums(output, target)
     assert set(sums) == {*task.metrics, "count"} and all(v.shape == (3,) for v in sums.values())
     means = {m: float(sums[m].sum() / sums["count"].sum()) for m in task.metrics}
     assert task.headline in {*means, *task.derived(means)}
+
+
+def three_samples(name: str, task, data: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """An output and a target of three samples as the task is given them: the engine's tasks'
+    shapes, and for a task of a recipe's own (recipes/README.md, "A task of your own") its
+    model's output on three of its training items (its tiny settings and example data)."""
+    if isinstance(task, Classification):
+        return torch.randn(3, 7), torch.randint(0, 7, (3,))
+    if isinstance(task, NextToken):
+        return torch.randn(3, 4, 7), torch.randint(0, 7, (3, 4))
+    cfg, recipe = catalog.load_config(name, tiny_overrides(name, data))
+    train, _ = recipe.build_datasets(cfg.data)
+    inputs, targets = zip(*(train[i] for i in range(3)), strict=True)
+    with torch.no_grad():
+        return recipe.build_model(cfg.model)(torch.stack(inputs)), torch.stack(targets)
 
 
 def test_the_interface_check_refuses_a_task_without_its_direction():
