@@ -310,7 +310,7 @@ def test_a_best_file_that_cannot_be_written_is_a_warning(tmp_path, capsys):
     run = SimpleNamespace(
         cfg=SimpleNamespace(ckpt=SimpleNamespace(best=1)),
         run_dir=tmp_path,
-        state=SimpleNamespace(best=[entry(2, 0.5)]),
+        records=SimpleNamespace(best=[entry(2, 0.5)]),
     )
     best.place(run, tmp_path / "checkpoints" / file_name(2))  # no exception
     assert "warning: could not update" in capsys.readouterr().err

@@ -247,7 +247,7 @@ def test_keyboard_interrupt_in_the_thread_or_while_waiting_leaves_nothing_behind
 
 def test_run_to_device_takes_a_finished_batch_as_it_is():
     finished = torch.rand(2, 3, 4, 4)
-    run = SimpleNamespace(device=CPU, memory_format=torch.channels_last)
+    run = SimpleNamespace(device=CPU, net=SimpleNamespace(layout=torch.channels_last))
 
     class Data:
         def finish_on_device(self, x, device):
@@ -298,7 +298,7 @@ def compare_under_load(root: Path, device: torch.device, train: bool) -> None:
     expected = [b._replace(x=data.finish_on_device(b.x, device)) for b in raw]
     per_image = [torchvision_per_image(data, b.x, device) for b in raw]
     per_image = [normalise_on_device(x, device, data.mean, data.std) for x in per_image]
-    run = SimpleNamespace(device=device, memory_format=torch.channels_last)
+    run = SimpleNamespace(device=device, net=SimpleNamespace(layout=torch.channels_last))
     got = []
     for batch in FinishAhead(loader, data.finish_on_device, device, 1, torch.channels_last):
         training_load(device)
