@@ -163,6 +163,7 @@ def read_wandb_history(run_file: Path) -> tuple[str, list[dict]]:
 TORCH_FREE_ENGINE = (
     "config",
     "catalog.py",
+    "recipe.py",  # the recipe contract, which catalog reads (torch-free)
     "rundir.py",
     "results.py",
     "redact.py",

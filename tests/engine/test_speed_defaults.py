@@ -171,7 +171,7 @@ def test_compiled_model_is_used_for_evaluation_without_recompiling(build, eager_
 
 def test_digits_flops_per_sample_are_counted_by_hand(build):
     """3 x the forward FLOPs; a 3x3 convolution costs 2 * c_in * c_out * 9 per output pixel."""
-    assert build().speed.flops_per_sample == 0  # no peak on CPU: no MFU, nothing counted
+    assert build().records.speed.flops_per_sample == 0  # no peak on CPU: no MFU, nothing counted
     run = build("log.peak_tflops=1")
     conv = 2 * 9 * (1 * 32 * 64 + 32 * 32 * 64 + 32 * 64 * 16 + 64 * 64 * 16)
     assert (
