@@ -5,8 +5,8 @@ photos (bench.jpegs). Every path gets the same per-sample seeds, so the same cro
 
 - PIL (the baseline): Image.open + convert("RGB"), the v2 transforms on the PIL image, then
   PILToTensor (uint8).
-- tensor (the engine's decode=cpu): torchvision.io.decode_image + the v2 transforms on the
-  uint8 tensor (engine.vision.images).
+- tensor (the engine's decode=cpu): torchcodec's decode_image (engine.vision.codec) + the v2
+  transforms on the uint8 tensor (engine.vision.images).
 - gpu path on CPU: decode=gpu's whole work done on the CPU (the worker's read, header and draw,
   then the batched decode_jpeg, crop and flip that the device does): a check that the path
   costs no more than decode=cpu where it runs on the CPU, not a GPU figure.
@@ -107,7 +107,7 @@ ENTRIES = [  # (key, baseline key, name, note)
     (
         "tensor_train",
         "pil_train",
-        "train decode+augment, torchvision.io tensor path (decode=cpu)",
+        "train decode+augment, torchcodec tensor path (decode=cpu)",
         "decode_image + v2 RandomResizedCrop(224)+flip on uint8; baseline PIL open+convert, "
         "the same v2 on PIL, PILToTensor",
     ),

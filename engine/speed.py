@@ -4,15 +4,34 @@ TF32 and cuDNN flags, FLOPs per sample and the device's peak, for MFU."""
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 from torch import nn
 
 from engine.config import TrainConfig
 
-# Dense bf16 peak of one device, TFLOP/s, from the vendors' datasheets (SXM parts), matched
-# against torch.cuda.get_device_name in this order. Others: set log.peak_tflops.
-PEAK_BF16_TFLOPS = (("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("A100", 312.0))
+# Dense bf16 peak of one device, TFLOP/s, from the vendors' datasheets (half their "with
+# sparsity" figures), by the whole name torch.cuda.get_device_name reports: the parts of one
+# chip differ in clocks and power (an H100 PCIe has 0.76 of the SXM part's peak), so a name
+# seen only in part is not guessed at. Others: set log.peak_tflops.
+PEAK_BF16_TFLOPS = (
+    (r"NVIDIA B200", 2250.0),
+    (r"NVIDIA H200 NVL", 835.0),
+    (r"NVIDIA H200", 989.0),  # SXM
+    (r"NVIDIA GH200 \d+GB", 989.0),
+    (r"NVIDIA H100 NVL", 835.0),
+    (r"NVIDIA H100 PCIe", 756.0),
+    (r"NVIDIA H100 80GB HBM3", 989.0),  # SXM5
+    (r"NVIDIA A100-SXM4-(40|80)GB", 312.0),
+    (r"NVIDIA A100(-PCIE-40GB| 80GB PCIe)", 312.0),
+)
+
+
+def datasheet_peak_tflops(device_name: str) -> float:
+    """The table's figure for a device of exactly this name; 0 for any other."""
+    name = device_name.strip()
+    return next((tf for pattern, tf in PEAK_BF16_TFLOPS if re.fullmatch(pattern, name)), 0.0)
 
 
 def set_backend_flags(cfg: TrainConfig, deterministic: bool) -> None:
@@ -57,13 +76,12 @@ def flops_per_sample(recipe, cfg) -> float:
 
 def peak_flops(peak_tflops: float, device: torch.device) -> float:
     """One device's peak FLOP/s: log.peak_tflops when set, else the datasheet figure of a
-    known GPU; 0 (no MFU) otherwise, CPUs included."""
+    GPU the table names exactly; 0 (no MFU) otherwise, CPUs included."""
     if peak_tflops > 0:
         return peak_tflops * 1e12
     if device.type != "cuda":
         return 0.0
-    name = torch.cuda.get_device_name(device)
-    return next((tf * 1e12 for key, tf in PEAK_BF16_TFLOPS if key in name), 0.0)
+    return datasheet_peak_tflops(torch.cuda.get_device_name(device)) * 1e12
 
 
 def gpu_memory_gb(device: torch.device) -> float | None:

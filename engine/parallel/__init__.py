@@ -90,19 +90,34 @@ def wrap(
 
         if compiled:
             for block in blocks:
-                block.compile()
+                compile_in_place(block)
         sharded = fsdp.shard(
             model, blocks, fsdp.device_mesh(device, denv.world_size), cfg.dist, amp
         )
         return sharded, sharded
     if strategy.name == "ddp":
         if compiled:
-            model.compile(dynamic=False)  # one static graph per shape: training's, evaluation's
+            compile_in_place(model, dynamic=False)  # one static graph per shape
         return ddp_wrap(model, cfg.dist, device, accum_steps), model
     eval_model = torch.compile(model, dynamic=False) if compiled else model
     if strategy.name == "dp":  # DataParallel replicates per call, which dynamo cannot trace
         return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
     return (torch.compile(model) if compiled else model), eval_model
+
+
+def compile_in_place(module: nn.Module, **options) -> None:
+    """module.compile(**options), with the compiled frame a function of this file rather than
+    torch's Module._call_impl. Before torch 2.14 (pytorch/pytorch#150915) dynamo did not trace
+    into the forward of a module it skips as torch's own code when that frame was the top one:
+    an nn.Sequential compiled so, under DDP, ran eagerly (one call captured for 14 layers).
+    From a frame of ours dynamo inlines _call_impl and the forward on every torch."""
+    call = module._call_impl
+
+    def call_module(*args, **kwargs):
+        return call(*args, **kwargs)
+
+    # the attribute Module.compile sets: nn.Module's __call__ runs it in place of _call_impl
+    module._compiled_call_impl = torch.compile(call_module, **options)
 
 
 def ddp_wrap(model: nn.Module, dcfg: DistConfig, device: torch.device, accum_steps: int):

@@ -1,6 +1,6 @@
 """JPEG decoding on the training device (`data.decode: gpu`): the loader workers only read each
 file's bytes, take its size from the header and draw the sample's augmentation; the training
-device decodes the whole batch at once (torchvision.io.decode_jpeg: nvJPEG on CUDA), then
+device decodes the whole batch at once (torchcodec's decode_jpeg: nvJPEG on CUDA), then
 crops, resizes, flips and normalises it there. On CUDA, with loader workers, that is done for
 the next batches while the step runs, by a thread on a stream of its own (engine.data.prefetch,
 loader.decode_ahead).
@@ -11,15 +11,17 @@ batches are bitwise those of `decode: cpu` for the same seeds.
 
 On CUDA the batch is augmented at once, with the arithmetic torchvision uses there image by
 image: torchvision resizes a uint8 image on CUDA by converting it to float32, resizing
-(bilinear, antialiased), rounding and converting back. Here each crop (a view) is converted
-and resized in float32 straight into its slot of one float batch, then the whole batch is
-rounded, clamped (a no-op) and flipped, and normalised without the trip through uint8: bitwise
-torchvision's per-image result, in 2 kernels per image instead of 4 to 5 (evaluation: 3
-instead of 4). What differs from `decode: cpu`: nvJPEG's IDCT and chroma upsampling round
-differently from libjpeg-turbo, and the CPU resizes uint8 with its own integer kernel (AVX2,
-AVX-512, ARM); on the same decoded pixels the float resize differs from that kernel by at most
-one level (of 255), in about 13% of the values (measured on photographs, training crops and
-evaluation alike: tests/engine/data/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
+(antialiased), rounding and converting back. Here the whole batch is cropped, resized, flipped
+and cut to its window in float32 by engine.vision.resample (torch's filters and weights, in
+a number of operations that does not grow with the batch), rounded, and normalised without
+the trip through uint8. Its sums run in another order than torch's per-image kernel, so it
+differs from torchvision's per-image float result by at most one level in a few values per
+million (measured: tests/engine/data/test_resample.py). What differs from `decode: cpu`:
+nvJPEG's IDCT and chroma upsampling round differently from libjpeg-turbo, and the CPU resizes
+uint8 with its own integer kernel (AVX2, AVX-512, ARM); on the same decoded pixels the float
+resize differs from that kernel by at most one level (of 255), in about 13% of the values
+(measured on photographs, training crops and evaluation alike:
+tests/engine/data/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
 
 Files the device is not given: whatever PIL's header does not show as a colour JPEG (PNGs
 named .JPEG, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,
@@ -37,13 +39,14 @@ from dataclasses import dataclass
 
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from engine.config import ConfigError
 from engine.data.errors import DataError
-from engine.vision.imagefolder import FolderIndex, ImageFiles, decode_rgb, error_reason, read_bytes
+from engine.vision import resample
+from engine.vision.codec import decode_jpegs, decode_rgb, error_reason, read_bytes
+from engine.vision.imagefolder import FolderIndex, ImageFiles
 from engine.vision.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -144,7 +147,7 @@ def decode_batch(batch: EncodedBatch, device: torch.device) -> list[torch.Tensor
         files = batch.files()
         try:
             decoded = _decode_jpegs(files, device)
-        except RuntimeError as err:
+        except (RuntimeError, ValueError) as err:
             raise _failed_file(files, [batch.paths[k] for k in on_device], device, err) from None
         for k, image in zip(on_device, decoded, strict=True):
             images[k] = image
@@ -153,15 +156,16 @@ def decode_batch(batch: EncodedBatch, device: torch.device) -> list[torch.Tensor
 
 def _decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     if device.type != "cuda":
-        return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
-    # torchvision's CUDA decoder writes from a private stream into memory allocated on the
-    # current stream without waiting for it (pytorch/vision#9606): a block the last step freed
-    # while its kernels still read it could be overwritten. Allocated on a stream of its own,
-    # which runs no kernels, it only gets blocks nothing reads any more; record_stream keeps
-    # them so until the training stream is done with them.
+        return decode_jpegs(files, device)
+    # torchvision's CUDA decoder wrote from a private stream into memory allocated on the
+    # current stream without waiting for it (pytorch/vision#9606); torchcodec's documents no
+    # stream contract either. A block the last step freed while its kernels still read it could
+    # be overwritten. Allocated on a stream of its own, which runs no kernels, it only gets
+    # blocks nothing reads any more; record_stream keeps them so until the training stream is
+    # done with them.
     main, side = torch.cuda.current_stream(device), _decode_stream(device)
     with torch.cuda.stream(side):
-        images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+        images = decode_jpegs(files, device)
     main.wait_stream(side)
     for image in images:
         image.record_stream(main)
@@ -173,13 +177,13 @@ def _decode_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def _failed_file(files, paths, device, err: RuntimeError) -> Exception:
+def _failed_file(files, paths, device, err: Exception) -> Exception:
     """The batch failed as a whole: decode it one by one to name the file."""
     for data, path in zip(files, paths, strict=True):
         try:
             _decode_jpegs([data], device)
-        except RuntimeError as one:
-            reason = error_reason(one).splitlines()[0]
+        except (RuntimeError, ValueError) as one:
+            reason = error_reason(one)
             return DataError(
                 f"unreadable sample {path}: {reason} (decoding on {device}); replace or delete "
                 "the file, or set data.decode=cpu (with decode=gpu, data.skip_bad cannot skip "
@@ -273,51 +277,43 @@ def crop_flip_batch(
     images: list[torch.Tensor], boxes, flips: list[bool], size: int, in_float: bool | None = None
 ) -> torch.Tensor:
     """What RandomResizedCrop(size, antialias=True) and the flip do to each image with its
-    drawn box and flip, for the whole batch. in_float (default: resizes_in_float): each crop,
-    a view, is resized in float32 straight into its slot of one batch, then the batch is
-    rounded, clamped and flipped at once: torchvision's uint8 -> float -> resize -> round ->
-    uint8 per image, without the per-image rounding, conversion and flip."""
+    drawn box and flip, for the whole batch. in_float (default: resizes_in_float): the batch
+    resampled at once in float32 (engine.vision.resample: a number of operations that does not
+    grow with the batch), rounded to whole levels as torchvision's uint8 -> float -> resize ->
+    round does per image; else torchvision's own call per image (uint8 NCHW)."""
     if not images:
         raise ValueError("an empty batch")
-    device = images[0].device
-    in_float = resizes_in_float(device) if in_float is None else in_float
+    in_float = resizes_in_float(images[0].device) if in_float is None else in_float
     if not in_float:
         crops = [
             F.resized_crop(im, *box, size=[size, size], interpolation=BILINEAR, antialias=True)
             for im, box in zip(images, boxes, strict=True)
         ]
         return _flip(torch.stack(crops), flips)
-    batch = torch.empty(len(images), 3, size, size, dtype=torch.float32, device=device)
-    for k, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
-        crop = F.crop(image, top, left, height, width)[None]  # a view (or padded, outside)
-        slot = batch[k : k + 1]
-        if (height, width) == (size, size):  # torchvision does not resize: copied as is
-            slot.copy_(crop)
-        else:
-            _resize_into(crop.float(), size, slot)
-    return _flip(_whole_levels(batch), flips)
-
-
-def _resize_into(image: torch.Tensor, size: int, out: torch.Tensor) -> None:
-    """F.interpolate(image, [size, size], mode="bilinear", align_corners=False,
-    antialias=True), torchvision's resize of a float image, written into `out` (the same
-    kernel: no copy of the result)."""
-    torch.ops.aten._upsample_bilinear2d_aa.out(image, [size, size], False, None, None, out=out)
+    flat, layout, sizes = resample.pack(images)
+    geometry = resample.training_geometry(layout, sizes, boxes, flips, size)
+    return resample.resample(flat, geometry, size, "bilinear")
 
 
 def resize_centre_crop_batch(
     images: list[torch.Tensor], transform, cfg: ImageAugment, in_float: bool | None = None
 ) -> torch.Tensor:
     """eval_transform(cfg) (resize the shorter side, centre crop) on each image, for the
-    whole batch. in_float (default: resizes_in_float): each image resized in float32, its
-    centre copied into one batch, then the batch rounded and clamped at once."""
+    whole batch. in_float (default: resizes_in_float): resampled at once in float32, only the
+    centre window computed, rounded to whole levels; a batch where some image would be padded
+    (resized below the crop) or another interpolation takes torchvision's steps per image."""
     if not images:
         raise ValueError("an empty batch")
     device = images[0].device
     in_float = resizes_in_float(device) if in_float is None else in_float
     if not in_float:
         return torch.stack([transform(im) for im in images])  # resize, centre crop: no draws
-    size = cfg.eval_size
+    mode, size = interpolation(cfg).value, cfg.eval_size
+    if mode in resample.SUPPORT:
+        flat, layout, sizes = resample.pack(images)
+        geometry = resample.evaluation_geometry(layout, sizes, cfg.eval_resize, size)
+        if geometry is not None:
+            return resample.resample(flat, geometry, size, mode)
     batch = torch.empty(len(images), 3, size, size, dtype=torch.float32, device=device)
     for k, image in enumerate(images):
         resized = F.resize(image.float(), [cfg.eval_resize], interpolation(cfg), antialias=True)

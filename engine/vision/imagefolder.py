@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 import time
 import warnings
@@ -22,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image, read_file
-from torchvision.transforms.v2 import functional as F
 
-from engine.data.errors import BadSample, DataError
+from engine.data.errors import DataError
+from engine.vision.codec import decode_rgb, read_bytes, require_decoder
 from engine.vision.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp"}
@@ -33,10 +31,6 @@ CACHE_FORMAT = 1
 # A folder changed less than this before the scan may change again within the same mtime tick
 # (coarse on some file systems) without its mtime showing it; such an index is not cached.
 SETTLE_NS = 2_000_000_000
-
-# torchvision 0.29 deprecates its decoders for torchcodec's; the warning would print once per
-# loader worker of every run. decode_image still does the job (see ImageFiles).
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of Torch")
 
 
 @dataclass(frozen=True)
@@ -245,30 +239,6 @@ def folder_indexes(
     return train, val
 
 
-def error_reason(err: Exception) -> str:
-    # torchvision's messages start with "function, source.cpp:line, "; the rest is the reason
-    return re.sub(r"^\w+, \S+:\d+, ", "", str(err))
-
-
-def decode_rgb(data: torch.Tensor, path: str) -> torch.Tensor:
-    """A file's bytes decoded on the CPU to a uint8 (3, H, W) RGB tensor, or BadSample."""
-    # truncated JPEGs raise here too ("Image is incomplete or truncated"), not a grey image
-    try:
-        image = decode_image(data, mode=ImageReadMode.RGB)
-    except RuntimeError as err:
-        raise BadSample(path, error_reason(err)) from None
-    if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
-        image = F.to_dtype(image, torch.uint8, scale=True)
-    return image
-
-
-def read_bytes(path: str) -> torch.Tensor:
-    try:
-        return read_file(path)
-    except RuntimeError as err:
-        raise BadSample(path, error_reason(err)) from None
-
-
 class ImageFiles(Dataset):
     """(image, label) per file of an index: the file decoded to a uint8 (3, H, W) RGB tensor
     (grayscale, CMYK, 16-bit and PNGs named .JPEG included), then `transform` (a
@@ -282,6 +252,7 @@ class ImageFiles(Dataset):
     worker (~100 MB each); numpy's one buffer stays shared."""
 
     def __init__(self, index: FolderIndex, transform=None, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+        require_decoder()  # missing torchcodec: one line here, not a traceback per worker
         self.root, self.classes, self.transform = index.root, index.classes, transform
         self.mean, self.std = tuple(mean), tuple(std)
         self.files = np.array([os.fsencode(f) for f in index.files])

@@ -17,7 +17,7 @@ from engine.config import ConfigError, OptimConfig
 from engine.evaluate import run_eval
 from engine.optim import implementation
 from engine.setup import setup
-from engine.speed import flops_per_sample, memory_format
+from engine.speed import datasheet_peak_tflops, flops_per_sample, memory_format
 from engine.tracking import ProgressBar
 from engine.train import train_epoch
 from tests.helpers import records
@@ -205,3 +205,25 @@ def test_mfu_and_starvation_warning_in_metrics(tmp_path, train_here, capsys):
     for r in train:
         assert math.isclose(r["mfu"], r["samples_per_s"] * flops / 1e9, rel_tol=1e-9)
         assert "gpu_mem_gb" not in r  # CUDA only
+
+
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA H100", 0.0),  # which part is not said: no guess, no MFU
+        ("NVIDIA H800", 0.0),
+        ("NVIDIA GeForce RTX 4090", 0.0),
+    ],
+)
+def test_a_gpus_peak_is_its_own_parts_not_a_namesakes(name, tflops):
+    """A substring match gave every H100 and H200 the SXM part's 989 and overstated MFU."""
+    assert datasheet_peak_tflops(name) == tflops

@@ -14,8 +14,6 @@ from engine import catalog
 from engine.config import description, merge, read_yaml, resolve
 from tests.recipes.tiny_settings import TINY, as_overrides, tiny_overrides, tiny_path
 
-# torchvision 0.29's deprecation of its decoders, printed when an image recipe reads its data
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities")
 RECIPES = catalog.available()
 CONFIGS = [(r, v) for r in RECIPES for v in ["", *catalog.variants(r)]]
 GUIDE = "see 'Adding a recipe' in recipes/README.md"

@@ -32,8 +32,6 @@ from tests.datagen_images import (
     write_image_folder,
 )
 
-# torchvision 0.29's deprecation of its decoders; imagefolder silences it outside pytest too
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities")
 
 
 @pytest.fixture

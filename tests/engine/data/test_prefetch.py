@@ -36,7 +36,6 @@ from tests.engine.data.test_gpu_decode import (
     whole_batch,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities")
 CPU = torch.device("cpu")
 AUG = ImageAugment(train_size=48, scale_min=0.2, eval_resize=56, eval_size=48)
 
