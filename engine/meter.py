@@ -8,11 +8,23 @@ import time
 import torch
 
 from engine import config as C
+from engine.data.stages import STAGES
 from engine.parts.records import Speed
 from engine.recipe import Recipe
 from engine.run import Run
 from engine.speed import flops_per_sample, gpu_memory_gb, peak_flops
 from engine.tracking import log
+
+# a train record's values that the clock decides, not the training: they differ between two
+# runs that are otherwise bitwise the same (units per second, "<unit>_per_s", too)
+CLOCKED = (
+    *("samples_per_s", "data_wait", "mfu", "gpu_mem_gb", "step_s", "to_device", "step_host"),
+    *("sync", "decode", "augment", "finish_thread", "gpu_data_wait"),
+)
+
+
+def clocked(key: str) -> bool:
+    return key in CLOCKED or key.endswith("_per_s")
 
 
 def speed_inputs(recipe: Recipe, cfg: C.Config, device: torch.device, world_size: int) -> Speed:
@@ -43,7 +55,8 @@ class Meter:
         self.loss = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
         self.steps = self.samples = 0
-        self.wait = 0.0
+        self.wait = self.step = self.sync = 0.0  # host seconds: see breakdown()
+        STAGES.take()  # what ran before the window (an evaluation's batches) is not its
         self.started = time.perf_counter()
 
     def add(self, loss: torch.Tensor, norm: torch.Tensor, samples: int) -> None:
@@ -66,6 +79,8 @@ class Meter:
             "lr": run.opt.lr(),
             "samples_per_s": self.samples / elapsed,
             "data_wait": self.wait / elapsed,
+            "step_s": elapsed / self.steps,
+            **self.breakdown(elapsed),
         }
         rec |= speed_figures(run, rec["samples_per_s"])
         if run.health.skip_bad:
@@ -77,6 +92,24 @@ class Meter:
         self.windows += 1
         self.reset()
         return rec
+
+    def breakdown(self, elapsed: float) -> dict[str, float]:
+        """Shares of the window's wall time. The training thread's, which with data_wait
+        account for all but the loop's own bookkeeping (logging, the progress bar, stop
+        checks): to_device (moving, and finishing on the device where no thread does it
+        ahead), step_host (launching forward, backward and optimizer, less to_device), sync
+        (waiting for the device when the window's results are read back). The input
+        pipeline's stages where this process ran them (engine.data.stages), on either
+        thread: decode, augment, finish_thread (the thread finishing batches ahead, busy),
+        gpu_data_wait (the training stream idle until a batch finished ahead was ready)."""
+        stages = STAGES.take()
+        to_device = stages.pop("to_device", 0.0)
+        shares = {
+            "to_device": to_device / elapsed,
+            "step_host": max(self.step - to_device, 0.0) / elapsed,
+            "sync": self.sync / elapsed,
+        }
+        return shares | {stage: seconds / elapsed for stage, seconds in sorted(stages.items())}
 
 
 def speed_figures(run: Run, samples_per_s: float) -> dict:

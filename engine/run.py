@@ -19,6 +19,7 @@ from engine import distributed as D
 from engine import recipe as contract
 from engine import rundir
 from engine.data.prefetch import Finished
+from engine.data.stages import STAGES
 from engine.parts import Part
 from engine.parts.feed import Feed
 from engine.parts.health import Health
@@ -83,6 +84,10 @@ class Run:
         """The batch on the device, in the model's memory format. A dataset may finish its
         batches there (`finish_on_device`: uint8 images normalised, or JPEG bytes decoded);
         a batch the loader finished ahead (engine.data.prefetch) is taken as it is."""
+        with STAGES.timing("to_device"):
+            return self._to_device(x, y, dataset)
+
+    def _to_device(self, x, y: torch.Tensor, dataset) -> tuple[torch.Tensor, torch.Tensor]:
         finish = contract.device_finisher(dataset)
         if isinstance(x, Finished):
             x = x.tensor

@@ -162,7 +162,9 @@ def train_epoch(run: Run, bar: ProgressBar) -> str | None:
             write_sample_ids(run, micro)
         if run.health.skip_bad:
             run.health.pending_bad += sum(int(b.replaced.sum()) for b in micro)
+        stepped = time.perf_counter()
         loss, norm = train_step(run, micro)
+        meter.step += time.perf_counter() - stepped
         st.step += 1
         st.position += plan.global_batch
         meter.add(loss, norm, plan.global_batch)
@@ -188,7 +190,9 @@ def log_window(run: Run, meter: Meter) -> dict:
     D.all_reduce_sum(summed)
     norm, bad = meter.grad_norm.detach(), run.health.first_bad_step != 0
     local = torch.stack([norm.to(summed.dtype), bad.to(summed.dtype)])
-    loss, *rest = torch.cat([summed, local]).tolist()
+    synced = time.perf_counter()
+    loss, *rest = torch.cat([summed, local]).tolist()  # waits for the device's queue
+    meter.sync += time.perf_counter() - synced
     *count, grad_norm, bad = rest
     if bad:
         check_finite(run)

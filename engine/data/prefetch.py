@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import recipe as contract
+from engine.data.stages import STAGES
 
 POLL_S = 0.1  # how often a waiting thread looks whether it was stopped
 DEFAULT_DEPTH = 1  # as torchvision's and DALI's prefetchers: a second thread competes for the GIL
@@ -161,7 +162,7 @@ class AheadIterator(Iterator):
             raise value
         if event is not None:
             stream = torch.cuda.current_stream(self._device)
-            stream.wait_event(event)
+            STAGES.stream_wait(stream, event)
             value.x.tensor.record_stream(stream)
         return value
 
@@ -233,9 +234,10 @@ class _Work:
             return "error", err, None
 
     def _finish(self, x) -> torch.Tensor:
-        x = self.finish(x, self.device)
-        if self.memory_format is not None and x.ndim == 4:
-            x = x.contiguous(memory_format=self.memory_format)
+        with STAGES.timing("finish_thread"):
+            x = self.finish(x, self.device)
+            if self.memory_format is not None and x.ndim == 4:
+                x = x.contiguous(memory_format=self.memory_format)
         return x
 
 

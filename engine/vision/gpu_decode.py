@@ -44,6 +44,7 @@ from torchvision.transforms.v2 import functional as F
 
 from engine.config import ConfigError
 from engine.data.errors import DataError
+from engine.data.stages import STAGES
 from engine.vision import resample
 from engine.vision.codec import decode_jpegs, decode_rgb, error_reason, read_bytes
 from engine.vision.imagefolder import FolderIndex, ImageFiles
@@ -260,10 +261,12 @@ class DeviceDecodedFiles(ImageFiles):
     def _augmented(self, x: EncodedBatch, device: torch.device) -> torch.Tensor:
         """uint8 NCHW (the CPU), or float32 NCHW holding the same whole levels 0..255 (CUDA:
         normalised without a round trip through uint8)."""
-        images = decode_batch(x, device)
-        if self.train:
-            return crop_flip_batch(images, x.boxes, x.flips, x.size)
-        return resize_centre_crop_batch(images, self.transform, self.cfg)
+        with STAGES.timing("decode"):
+            images = decode_batch(x, device)
+        with STAGES.timing("augment"):
+            if self.train:
+                return crop_flip_batch(images, x.boxes, x.flips, x.size)
+            return resize_centre_crop_batch(images, self.transform, self.cfg)
 
 
 def resizes_in_float(device: torch.device) -> bool:

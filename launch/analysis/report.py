@@ -228,11 +228,66 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
-    lines += world_changes(found) + code_changes(found)
+    lines += time_breakdown(found) + world_changes(found) + code_changes(found)
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
     return "\n".join(lines) + "\n"
+
+
+# the shares of a window's wall time the engine records (engine.meter.Meter.breakdown), in
+# the order a batch meets them; a column only where some run recorded it
+TIME_SHARES = (
+    ("data_wait", "data wait"),
+    ("to_device", "to device"),
+    ("step_host", "step (host)"),
+    ("sync", "sync"),
+    ("decode", "decode"),
+    ("augment", "augment"),
+    ("finish_thread", "finishing thread busy"),
+    ("gpu_data_wait", "GPU waits for data"),
+)
+
+
+def time_breakdown(found: list[Run]) -> list[str]:
+    """Where each run's training time went: every share's mean over the run's windows, the
+    first left out where there are others (it holds the loader workers' start)."""
+    windows = {run.name: run.metrics.train[1:] or run.metrics.train for run in found}
+    present = [
+        (key, title)
+        for key, title in TIME_SHARES
+        if any(key in r for records in windows.values() for r in records)
+    ]
+    if not present:
+        return []
+    rows = []
+    for run in found:
+        records = windows[run.name]
+        shares = [_mean(records, key) for key, _ in present]
+        step = _mean(records, "step_s")
+        cells = [
+            run.name,
+            "–" if step is None else f"{step:.4g} s",
+            *("–" if share is None else f"{100 * share:.1f}%" for share in shares),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    head = ["run", "time per step", *(title for _, title in present)]
+    return [
+        "",
+        "Where the training time went (shares of each logging window's wall time, averaged "
+        "over the windows after the first): the training thread's waits and work (data wait, "
+        "to device, step, sync add up to its time but for the loop's bookkeeping), then the "
+        "input stages run in the training process, on either thread.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+        *rows,
+    ]
+
+
+def _mean(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if isinstance(r.get(key), int | float)]
+    return sum(values) / len(values) if values else None
 
 
 def untrained_notes(found: list[Run]) -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine import checkpoint as ckpt
+from engine.meter import clocked
 from tests.helpers import (
     QUIET,
     REPO,
@@ -150,8 +151,7 @@ def measured(root, name) -> list[dict]:
     """Every record of metrics.jsonl in order, less what the clock decides (throughput and
     the time spent waiting for data)."""
     lines = (run_dir(root, name) / "metrics.jsonl").read_text().splitlines()
-    clocked = ("samples_per_s", "tokens_per_s", "data_wait", "mfu", "gpu_mem_gb")
-    return [{k: v for k, v in json.loads(line).items() if k not in clocked} for line in lines]
+    return [{k: v for k, v in json.loads(line).items() if not clocked(k)} for line in lines]
 
 
 # ---------------------------------------------------------------- the run directory

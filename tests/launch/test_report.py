@@ -58,9 +58,17 @@ def summary(root: Path, name: str) -> dict:
     return json.loads((helpers.run_dir(root, name) / "summary.json").read_text())
 
 
-def table(markdown: str) -> dict[str, dict[str, str]]:
-    """The Markdown table as {run: {column: cell}}."""
-    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+def table(markdown: str, which: int = 0) -> dict[str, dict[str, str]]:
+    """The Markdown's which-th table as {run: {column: cell}}."""
+    blocks, previous = [], False
+    for line in markdown.splitlines():
+        is_row = line.startswith("| ")
+        if is_row and not previous:
+            blocks.append([])
+        if is_row:
+            blocks[-1].append(line)
+        previous = is_row or line.startswith("|---")
+    lines = blocks[which]
     head = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
     return {row[0]: dict(zip(head, row, strict=True)) for row in rows}
@@ -107,6 +115,20 @@ def test_make_report_of_a_sweep_seed_a_resumed_run_and_a_2_process_run(root):
     assert rows["two"]["differs"] == "optim.lr=0.1 world_size=2"
     assert "run.name" not in md.read_text() and "run.root" not in md.read_text()
     assert f"]({png.name})" in md.read_text()  # the Markdown shows the chart
+
+
+def test_the_report_says_where_each_runs_training_time_went(root):
+    """The second table: each share's mean over a run's windows after the first."""
+    names = ["sw-seed0", "two"]
+    found = report.read_runs([str(helpers.run_dir(root, n)) for n in names])
+    rows = table(report.markdown(found, None, "top1"), which=1)
+    assert list(rows) == names
+    for name in names:
+        windows = helpers.records(root, name, "train")[1:]
+        for key, title in report.TIME_SHARES[:4]:  # the training thread's, in every record
+            mean = sum(r[key] for r in windows) / len(windows)
+            assert rows[name][title] == f"{100 * mean:.1f}%", (name, key)
+        assert "decode" not in rows[name]  # digits finishes nothing on the device
 
 
 def test_the_legend_names_each_run_by_what_differs(root):

@@ -24,7 +24,11 @@ from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = "requirements.lock"
-AGREE = ("torch", "torchvision", "torchcodec")  # versions that must agree in Dockerfile, lock and venv
+AGREE = (
+    "torch",
+    "torchvision",
+    "torchcodec",
+)  # versions that must agree in Dockerfile, lock and venv
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 FULL_VERSION = re.compile(r"v?\d+\.\d+\.\d+")  # a tag or ref must start with major.minor.patch
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")

@@ -32,7 +32,6 @@ from engine.vision.images import (
     TrainTransform,
     eval_transform,
     mean_colour,
-    normalise_on_device,
 )
 from tests.datagen_images import (
     jpeg_bytes,

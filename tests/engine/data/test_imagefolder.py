@@ -33,7 +33,6 @@ from tests.datagen_images import (
 )
 
 
-
 @pytest.fixture
 def data(tmp_path) -> Path:
     return write_image_folder(tmp_path / "imagenet")

@@ -1,0 +1,67 @@
+"""Where the input pipeline's time goes, per logging window: host seconds spent in each stage
+of finishing a batch in this process (decoding, augmenting, moving to the device), by
+whichever thread ran it (the training thread, or the thread finishing batches ahead:
+engine.data.prefetch), and on CUDA the time the training stream stood waiting for a batch
+finished on another stream, read from CUDA events once the window's results are read back
+(no sync of its own).
+
+Host seconds are what competes with the training thread for the interpreter; a stage's GPU
+time runs asynchronously and shows up as the training stream's wait. Loader workers (other
+processes) are not metered here: their slowness is the training thread's data_wait.
+
+One instance per process (STAGES): the stages run in dataset code that has no access to the
+run, on two threads; a lock keeps the sums whole."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import torch
+
+
+class StageTimes:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = defaultdict(float)
+        self._waits: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[stage] += seconds
+
+    @contextlib.contextmanager
+    def timing(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - started)
+
+    def stream_wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        """stream.wait_event(event), bracketed by timing events on the stream: the time
+        between them is the stream standing idle until the batch was finished."""
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record(stream)
+        stream.wait_event(event)
+        after.record(stream)
+        with self._lock:
+            self._waits.append((before, after))
+
+    def take(self) -> dict[str, float]:
+        """The seconds per stage since the last take, and 'gpu_data_wait': the training
+        stream's waits, in seconds. Call after the window's results were read back: the
+        events recorded before them have completed."""
+        with self._lock:
+            seconds, self._seconds = dict(self._seconds), defaultdict(float)
+            waits, self._waits = self._waits, []
+        if waits:
+            waits[-1][1].synchronize()  # done already after a read-back: no wait then
+            seconds["gpu_data_wait"] = sum(a.elapsed_time(b) for a, b in waits) / 1000
+        return seconds
+
+
+STAGES = StageTimes()
