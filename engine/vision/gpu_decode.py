@@ -220,17 +220,20 @@ class DeviceDecodedFiles(ImageFiles):
         train: bool,
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
+        cpu_share: float = 0.0,
     ):
         if train:
             check_augment(cfg)
+        if not 0.0 <= cpu_share <= 1.0:
+            raise ValueError(f"cpu_share must be within [0, 1], not {cpu_share}")
         transform = TrainTransform(cfg, mean, std) if train else eval_transform(cfg)
         super().__init__(index, transform, mean, std)
-        self.cfg, self.train = cfg, train
+        self.cfg, self.train, self.cpu_share = cfg, train, cpu_share
 
     def __getitem__(self, i: int) -> tuple[EncodedImage, int]:
         path = self.path(i)
         data = read_bytes(path)
-        size = device_jpeg_size(data)
+        size = None if self.decoded_in_worker(i) else device_jpeg_size(data)
         if size is None:
             data = decode_rgb(data, path)
             size = tuple(data.shape[-2:])
@@ -239,6 +242,11 @@ class DeviceDecodedFiles(ImageFiles):
             box, flip = self._draw(size)
             out = self.transform.size
         return EncodedImage(data, path, box, flip, out), int(self.labels[i])
+
+    def decoded_in_worker(self, i: int) -> bool:
+        """Whether file i is one of the cpu_share the workers decode: a fixed choice per
+        file (a hash of its index), so the same files in every epoch, run and world size."""
+        return _unit_hash(i) < self.cpu_share
 
     def _draw(self, size: tuple[int, int]) -> tuple[tuple[int, int, int, int], bool]:
         """The crop and flip TrainTransform would draw for an image of this size: the same
@@ -267,6 +275,12 @@ class DeviceDecodedFiles(ImageFiles):
             if self.train:
                 return crop_flip_batch(images, x.boxes, x.flips, x.size)
             return resize_centre_crop_batch(images, self.transform, self.cfg)
+
+
+def _unit_hash(i: int) -> float:
+    """i spread evenly over [0, 1) (Knuth's multiplicative hash): neighbouring files, often
+    of one class, fall far apart."""
+    return (i * 2654435761 % 2**32) / 2**32
 
 
 def resizes_in_float(device: torch.device) -> bool:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from torch.utils.data import Dataset
 
-from engine.config import bounded
+from engine.config import ConfigError, bounded
 from engine.vision.gpu_decode import DeviceDecodedFiles, check_augment
 from engine.vision.imagefolder import (
     FolderHelp,
@@ -42,6 +42,10 @@ class DataConfig:
     # crops and flips whole batches. No trivial_augment or random_erasing; a file that fails
     # only on the device stops the run even with skip_bad. Not used with synthetic data.
     decode: Literal["cpu", "gpu"] = "cpu"
+    # decode=gpu: this share of the JPEGs (a fixed choice per file) is decoded by the loader
+    # workers instead, as DALI's hw_decoder_load: CPU cores left idle by decode=gpu take part
+    # of the decoding off the device. bench/gpu.sh measures the split; 0: the device decodes all
+    cpu_decode_share: float = bounded(0.0, ge=0.0, le=1.0)
     synthetic: bool = False  # random images: throughput with no data on disk
     synthetic_train: int = bounded(1_281_167, ge=1)  # ImageNet-1k's sizes
     synthetic_val: int = bounded(50_000, ge=1)
@@ -57,11 +61,21 @@ def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderI
 
 def check_data(cfg: DataConfig) -> None:
     """ImageNet's folders at data.root (no file is read), unless the data is synthetic."""
+    check_decode(cfg)
     if not cfg.synthetic:
         check_layout(Path(cfg.root), HELP)
 
 
+def check_decode(cfg: DataConfig) -> None:
+    if cfg.cpu_decode_share > 0 and (cfg.decode != "gpu" or cfg.synthetic):
+        raise ConfigError(
+            f"data.cpu_decode_share={cfg.cpu_decode_share} splits decode=gpu's decoding with "
+            "the loader workers: set data.decode=gpu with files, or leave the share at 0"
+        )
+
+
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
+    check_decode(cfg)
     aug = cfg.augment
     if cfg.synthetic:
         return (
@@ -73,5 +87,9 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     cache = Path(cfg.index_cache) if cfg.index_cache else None
     train, val = imagenet_indexes(Path(cfg.root), cache)
     if cfg.decode == "gpu":
-        return DeviceDecodedFiles(train, aug, train=True), DeviceDecodedFiles(val, aug, train=False)
+        share = cfg.cpu_decode_share
+        return (
+            DeviceDecodedFiles(train, aug, train=True, cpu_share=share),
+            DeviceDecodedFiles(val, aug, train=False, cpu_share=share),
+        )
     return ImageFiles(train, TrainTransform(aug)), ImageFiles(val, eval_transform(aug))

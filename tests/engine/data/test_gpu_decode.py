@@ -106,6 +106,37 @@ def test_training_batches_are_bitwise_those_of_cpu_decode(data, seed, epoch):
     assert any(flips) and not all(flips)
 
 
+def test_a_share_of_the_files_is_decoded_by_the_workers_the_same_files_every_time(data):
+    """data.cpu_decode_share: a fixed choice per file, in every epoch and loader order; on
+    the CPU both decoders are libjpeg-turbo's, so the batches are those of decode=cpu."""
+    index = folder_indexes(data)[0]
+    split = DeviceDecodedFiles(index, AUG, train=True, cpu_share=0.5)
+    chosen = [i for i in range(len(split)) if split.decoded_in_worker(i)]
+    assert 0.25 * len(split) <= len(chosen) <= 0.75 * len(split)
+    again = DeviceDecodedFiles(index, AUG, train=True, cpu_share=0.5)
+    assert [again.decoded_in_worker(i) for i in range(len(split))] == [
+        i in chosen for i in range(len(split))
+    ]
+    base = DeviceDecodedFiles(index, AUG, train=True)
+    not_for_the_device = {i for i in range(len(base)) if base[i][0].data.ndim == 3}
+    assert len(not_for_the_device) == 3  # the PNG, CMYK and grey files planted
+    batches = train_batches(split, seed=0, epoch=1)
+    for batch in batches:
+        for i, decoded in zip(batch.index.tolist(), batch.x.decoded, strict=True):
+            assert (decoded is not None) == (i in chosen or i in not_for_the_device)
+    cpu, _ = datasets(data)
+    assert_same_batches(cpu, split, train_batches(cpu, seed=0, epoch=1), batches)
+    every = DeviceDecodedFiles(index, AUG, train=True, cpu_share=1.0)
+    assert all(every.decoded_in_worker(i) for i in range(len(every)))
+
+
+def test_a_decode_share_without_decode_gpu_is_refused_in_one_line():
+    from recipes.imagenet.data import DataConfig, check_data
+
+    with pytest.raises(ConfigError, match="data.decode=gpu"):
+        check_data(DataConfig(cpu_decode_share=0.25, synthetic=True))
+
+
 def test_with_workers_too_and_other_seeds_give_other_crops(data):
     cpu, gpu = datasets(data)
     gpu_batches = train_batches(gpu, seed=5, epoch=1, workers=2)
