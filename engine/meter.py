@@ -19,7 +19,7 @@ from engine.tracking import log
 # runs that are otherwise bitwise the same (units per second, "<unit>_per_s", too)
 CLOCKED = (
     *("samples_per_s", "data_wait", "mfu", "gpu_mem_gb", "step_s", "to_device", "step_host"),
-    *("sync", "decode", "augment", "finish_thread", "gpu_data_wait"),
+    *("sync", "checkpoint", "decode", "augment", "finish_thread", "gpu_data_wait"),
 )
 
 
@@ -55,7 +55,7 @@ class Meter:
         self.loss = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
         self.steps = self.samples = 0
-        self.wait = self.step = self.sync = 0.0  # host seconds: see breakdown()
+        self.wait = self.step = self.sync = self.checkpoint = 0.0  # seconds: see breakdown()
         STAGES.take()  # what ran before the window (an evaluation's batches) is not its
         self.started = time.perf_counter()
 
@@ -98,7 +98,8 @@ class Meter:
         account for all but the loop's own bookkeeping (logging, the progress bar, stop
         checks): to_device (moving, and finishing on the device where no thread does it
         ahead), step_host (launching forward, backward and optimizer, less to_device), sync
-        (waiting for the device when the window's results are read back). The input
+        (waiting for the device when the window's results are read back), checkpoint
+        (saving one within the window). The input
         pipeline's stages where this process ran them (engine.data.stages), on either
         thread: decode, augment, finish_thread (the thread finishing batches ahead, busy),
         gpu_data_wait (the training stream idle until a batch finished ahead was ready)."""
@@ -108,6 +109,7 @@ class Meter:
             "to_device": to_device / elapsed,
             "step_host": max(self.step - to_device, 0.0) / elapsed,
             "sync": self.sync / elapsed,
+            "checkpoint": self.checkpoint / elapsed,
         }
         return shares | {stage: seconds / elapsed for stage, seconds in sorted(stages.items())}
 

@@ -85,16 +85,13 @@ class Run:
         batches there (`finish_on_device`: uint8 images normalised, or JPEG bytes decoded);
         a batch the loader finished ahead (engine.data.prefetch) is taken as it is."""
         with STAGES.timing("to_device"):
-            return self._to_device(x, y, dataset)
-
-    def _to_device(self, x, y: torch.Tensor, dataset) -> tuple[torch.Tensor, torch.Tensor]:
-        finish = contract.device_finisher(dataset)
-        if isinstance(x, Finished):
-            x = x.tensor
-        elif finish:
-            x = finish(x, self.device)
-        else:
-            x = x.to(self.device, non_blocking=True)
-        if x.ndim == 4:
-            x = x.contiguous(memory_format=self.net.layout)
-        return x, y.to(self.device, non_blocking=True)
+            finish = contract.device_finisher(dataset)
+            if isinstance(x, Finished):
+                x = x.tensor
+            elif finish:
+                x = finish(x, self.device)
+            else:
+                x = x.to(self.device, non_blocking=True)
+            if x.ndim == 4:
+                x = x.contiguous(memory_format=self.net.layout)
+            return x, y.to(self.device, non_blocking=True)

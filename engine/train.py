@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from engine import checkpoint as ckpt
 from engine import config as C
@@ -25,6 +26,7 @@ from engine.ema import update_ema
 from engine.evaluate import metric_names, run_eval
 from engine.faults import RunError, inject_after_step, slow_data
 from engine.meter import Meter
+from engine.profile import Profiling
 from engine.recipe import Recipe
 from engine.redact import redact
 from engine.results import summary_name, task_facts
@@ -56,22 +58,24 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
         if run.feed.mix is not None:
             x, y = run.feed.mix(x, y, run.progress.epoch, micro_position(run, j))
         with P.gradient_sync(run.net.model, run.net.strategy, last=j == accum - 1):
-            with run.autocast():
+            with run.autocast(), record_function("forward"):
                 # DDP and FSDP average gradients over ranks: x world size / global count
                 # makes the step's gradient that of the loss summed over the global batch
                 # divided by its count, for any world size and accumulation.
                 loss = run.task.train_loss(run.net.model(x), y, smoothing) * scale
             if injected_nan(run):
                 loss = loss * float("nan")
-            run.opt.scaler.scale(loss).backward()
+            with record_function("backward"):
+                run.opt.scaler.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    norm = gradient_norm(run)
-    if apply_step(run, norm):
-        run.opt.scaler.step(run.opt.optimizer)
-    run.opt.scaler.update()
-    run.opt.optimizer.zero_grad(set_to_none=True)
-    run.opt.scheduler.step()  # the schedule follows the step count, skipped steps included
-    update_ema(run.net.ema, run.net.bare, run.progress.step + 1, run.cfg.ema)
+    with record_function("optimizer"):
+        norm = gradient_norm(run)
+        if apply_step(run, norm):
+            run.opt.scaler.step(run.opt.optimizer)
+        run.opt.scaler.update()
+        run.opt.optimizer.zero_grad(set_to_none=True)
+        run.opt.scheduler.step()  # the schedule follows the step count, skipped steps included
+        update_ema(run.net.ema, run.net.bare, run.progress.step + 1, run.cfg.ema)
     return total, norm
 
 
@@ -153,30 +157,45 @@ def train_epoch(run: Run, bar: ProgressBar) -> str | None:
     meter = Meter(run.device)
     batches = iter(run.feed.loader)  # the batch sampler is read in this process, at iter()
     epoch_end = run.feed.epoch_samples()
+    profiling = run.records.profiling
     while st.position < epoch_end and st.step < st.total_steps:
-        waited = time.perf_counter()
-        micro = [next(batches) for _ in range(plan.accum_steps)]
-        slow_data(cfg.fault)
-        meter.wait += time.perf_counter() - waited
-        if cfg.log.sample_ids:
-            write_sample_ids(run, micro)
-        if run.health.skip_bad:
-            run.health.pending_bad += sum(int(b.replaced.sum()) for b in micro)
+        if profiling is not None:
+            profiling.step_begins(st.step + 1)
+        micro = take_batches(run, batches, meter)
         stepped = time.perf_counter()
         loss, norm = train_step(run, micro)
         meter.step += time.perf_counter() - stepped
         st.step += 1
         st.position += plan.global_batch
         meter.add(loss, norm, plan.global_batch)
+        if profiling is not None:
+            profiling.step_ended(st.step)
         record = log_window(run, meter) if st.step % cfg.log.every_steps == 0 else None
         bar.update(st.step, record)
         reason = stop_reason(run)
         every = cfg.ckpt.every_steps
         if reason or (every and st.step % every == 0 and st.position < epoch_end):
+            saving = time.perf_counter()
             checkpoint(run)
+            meter.checkpoint += time.perf_counter() - saving
         if reason:
             return reason
     return None
+
+
+def take_batches(run: Run, batches, meter: Meter) -> list:
+    """The step's micro batches from the loader (the time blocked here is the window's data
+    wait), noted where asked: their sample ids, their replaced samples."""
+    waited = time.perf_counter()
+    with record_function("data wait"):
+        micro = [next(batches) for _ in range(run.feed.sampler.plan.accum_steps)]
+        slow_data(run.cfg.fault)
+    meter.wait += time.perf_counter() - waited
+    if run.cfg.log.sample_ids:
+        write_sample_ids(run, micro)
+    if run.health.skip_bad:
+        run.health.pending_bad += sum(int(b.replaced.sum()) for b in micro)
+    return micro
 
 
 def log_window(run: Run, meter: Meter) -> dict:
@@ -245,6 +264,8 @@ def train_steps(run: Run, steps: int, bar: ProgressBar | None = None) -> None:
 def fit(run: Run) -> str | None:
     cfg, st = run.cfg, run.progress
     bar = ProgressBar(st.total_steps, st.step, cfg.log.progress, run.denv.is_main)
+    profiling = Profiling(cfg.prof, run.denv.rank, run.denv.world_size, run.run_dir, run.device)
+    run.records.profiling = profiling if profiling.active else None
     try:
         while st.step < st.total_steps:
             reason = train_epoch(run, bar)
@@ -259,6 +280,9 @@ def fit(run: Run) -> str | None:
         return None
     finally:
         bar.close()
+        if run.records.profiling is not None:
+            run.records.profiling.close()
+            run.records.profiling = None
 
 
 def end_epoch(run: Run, bar: ProgressBar) -> None:
@@ -387,6 +411,8 @@ def fit_or_explain(run: Run) -> str | None:
             f"{intact}. Free space or fix permissions, then rerun with "
             f"run.name={run.cfg.run.name} to resume"
         ) from None
+    except torch.OutOfMemoryError:
+        raise out_of_memory(run) from None
     except RuntimeError as err:
         text = str(err)
         if not run.denv.distributed or not any(p in text for p in PEER_FAILURES):
@@ -401,6 +427,23 @@ def fit_or_explain(run: Run) -> str | None:
             "gradients, metrics, checkpoint or evaluation); a rank hung or died, see the "
             f"first failing rank's log. Rerun with run.name={run.cfg.run.name} to resume"
         ) from None
+
+
+def out_of_memory(run: Run) -> RunError:
+    """One line for an out-of-memory error: where, and what to change; with prof.memory, the
+    allocator's history written and named."""
+    profiling = run.records.profiling
+    snapshot = profiling.write_memory() if profiling is not None else None
+    where = (
+        f"the allocator's history is in {snapshot} (open it at pytorch.org/memory_viz)"
+        if snapshot
+        else "rerun with prof.memory=true to record the allocator's history"
+    )
+    return RunError(
+        f"out of memory on {run.device} at step {run.progress.step + 1}: {where}; lower "
+        "train.micro_batch_size (the global batch is kept by accumulation), or turn on "
+        "train.activation_checkpointing or dist.strategy=fsdp"
+    )
 
 
 def conclude(run: Run, reason: str | None, seconds: float) -> int:

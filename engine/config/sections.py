@@ -176,6 +176,19 @@ class LogConfig:
 
 
 @dataclass
+class ProfConfig:
+    resume_safe = True  # a resumed run may change it: what is recorded about the run
+
+    # "A:B": a torch.profiler trace of optimizer steps A to B into <run>/profile/ (with a
+    # summary that make report shows); "": none
+    steps: str = ""
+    ranks: str = "0"  # the ranks that trace: "all", or ranks separated by commas
+    # CUDA: record the allocator's history; a snapshot at the end of the trace window, of
+    # the run, and on an out-of-memory error (<run>/profile/rank<r>-memory.pickle)
+    memory: bool = False
+
+
+@dataclass
 class DistConfig:
     resume_safe = (
         True  # a resumed run may change it: how it is spread over processes, except sync_bn
@@ -254,6 +267,7 @@ ENGINE_SECTIONS: dict[str, type] = {
     "ema": EmaConfig,
     "ckpt": CheckpointConfig,
     "log": LogConfig,
+    "prof": ProfConfig,
     "dist": DistConfig,
     "slurm": SlurmConfig,
     "fault": FaultConfig,
@@ -322,6 +336,7 @@ class Config:
     ema: EmaConfig
     ckpt: CheckpointConfig
     log: LogConfig
+    prof: ProfConfig
     dist: DistConfig
     slurm: SlurmConfig
     fault: FaultConfig

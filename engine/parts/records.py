@@ -28,6 +28,7 @@ class Records(Part):
     tracker: Tracker | NullTracker = transient(default_factory=NullTracker)
     speed: Speed = transient(default_factory=Speed)
     lock_fd: int | None = transient(default=None)  # rank 0's hold on the run directory
+    profiling: Any = transient(default=None)  # engine.profile.Profiling while fit() runs
     config: C.Config | None = transient(default=None)  # recorded redacted by state_dict
     code: dict = recorded(default_factory=dict)  # engine.codeid's identity of the code running
     last_eval: dict = saved(default_factory=dict)

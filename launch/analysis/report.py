@@ -228,7 +228,7 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
-    lines += time_breakdown(found) + world_changes(found) + code_changes(found)
+    lines += time_breakdown(found) + profiles(found) + world_changes(found) + code_changes(found)
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
@@ -242,6 +242,7 @@ TIME_SHARES = (
     ("to_device", "to device"),
     ("step_host", "step (host)"),
     ("sync", "sync"),
+    ("checkpoint", "checkpoint"),
     ("decode", "decode"),
     ("augment", "augment"),
     ("finish_thread", "finishing thread busy"),
@@ -276,13 +277,60 @@ def time_breakdown(found: list[Run]) -> list[str]:
         "",
         "Where the training time went (shares of each logging window's wall time, averaged "
         "over the windows after the first): the training thread's waits and work (data wait, "
-        "to device, step, sync add up to its time but for the loop's bookkeeping), then the "
+        "to device, step, sync and checkpoint add up to its time but for the loop's "
+        "bookkeeping), then the "
         "input stages run in the training process, on either thread.",
         "",
         "| " + " | ".join(head) + " |",
         "|---|" + "---:|" * (len(head) - 1),
         *rows,
     ]
+
+
+PROFILE_PHASES = ("data wait", "forward", "backward", "optimizer")  # engine.profile.PHASES
+PROFILE_TOP = 5  # operators named per profile in the report
+
+
+def profiles(found: list[Run]) -> list[str]:
+    """The traces recorded with prof.steps (engine.profile's summaries beside them): per
+    rank, the phases' share of the traced steps and the top operators by self time."""
+    rows = []
+    for run in found:
+        for path in sorted((run.path / "profile").glob("*.summary.json")):
+            try:
+                summary = json.loads(path.read_text())
+                rows.append(_profile_row(run.name, summary))
+            except (OSError, ValueError, KeyError, TypeError):
+                rows.append(f"| {run.name} | {path.name}: unreadable | | | | | |")
+    if not rows:
+        return []
+    head = ["run", "rank, steps", *PROFILE_PHASES, f"top {PROFILE_TOP} operators (self time)"]
+    return [
+        "",
+        "Profiles (prof.steps; traces in each run's profile/ folder, for chrome://tracing or "
+        "ui.perfetto.dev): the phases' share of the traced steps' host time (on CUDA, of "
+        "their device time, data wait aside), and the operators that took the most self time "
+        "(the device's on CUDA).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|---|" + "---:|" * len(PROFILE_PHASES) + "---|",
+        *rows,
+    ]
+
+
+def _profile_row(name: str, summary: dict) -> str:
+    shares = []
+    for phase in PROFILE_PHASES:  # data wait is the host's; the others the device's on CUDA
+        on_device = summary.get("device") == "cuda" and phase != "data wait"
+        total = summary["steps_device_ms"] if on_device else summary["steps_ms"]
+        ms = summary["phases"].get(phase, {}).get("device_ms" if on_device else "host_ms")
+        shares.append("–" if ms is None or not total else f"{100 * ms / total:.1f}%")
+    first, last = summary["steps"]
+    ops = ", ".join(
+        f"{op['name']} {op['self_ms']:.3g} ms" for op in summary["top_ops"][:PROFILE_TOP]
+    )
+    cells = [name, f"{summary['rank']}, {first}-{last if last is not None else 'end'}"]
+    return "| " + " | ".join(c.replace("|", "\\|") for c in [*cells, *shares, ops]) + " |"
 
 
 def _mean(records: list[dict], key: str) -> float | None:

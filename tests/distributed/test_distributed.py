@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from engine.meter import clocked
+from launch.analysis import report
 from tests.helpers import (
     QUIET,
     REPO,
@@ -99,11 +101,32 @@ def test_a_hung_rank_ends_the_job_with_a_timeout_naming_what_waited(tmp_path):
     ), out.stderr[-3000:]
 
 
-def test_spawned_processes_train_exactly_like_torchrun(root, two_procs):
-    run_engine(
-        root, "spawned", *INVARIANT, prefix=[sys.executable, "-m", "engine.train", "--spawn", "2"]
-    )
+def test_spawned_and_profiled_processes_train_exactly_like_torchrun(root, two_procs):
+    """The engine's own spawning trains as torchrun does, and profiling steps 4-6 on both
+    ranks (prof.steps) changes no loss and no weight: one trace per rank, which parses and
+    holds those steps, and make report's table of it."""
+    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
+    profiled = ["prof.steps=4:6", "prof.ranks=all"]
+    run_engine(root, "spawned", *INVARIANT, *profiled, prefix=spawn)
     assert same_weights(final_weights(root, "spawned"), two_procs)
+    losses = [{k: v for k, v in r.items() if not clocked(k)} for r in records(root, "two", "train")]
+    assert losses == [
+        {k: v for k, v in r.items() if not clocked(k)} for r in records(root, "spawned", "train")
+    ]
+    folder = run_dir(root, "spawned") / "profile"
+    for rank in (0, 1):
+        trace = json.loads((folder / f"rank{rank}-steps4-6.trace.json").read_text())
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert {"step 4", "step 5", "step 6", "forward", "backward", "optimizer"} <= names
+        assert "step 3" not in names and "step 7" not in names
+        summary = json.loads((folder / f"rank{rank}-steps4-6.summary.json").read_text())
+        assert summary["steps"] == [4, 6] and summary["top_ops"] and summary["steps_ms"] > 0
+        assert summary["phases"]["forward"]["calls"] == 3
+    found = report.read_runs([str(run_dir(root, "spawned"))])
+    (row0, row1) = [
+        line for line in report.markdown(found, None, "top1").splitlines() if "4-6 |" in line
+    ]
+    assert row0.startswith("| spawned | 0, 4-6 |") and row1.startswith("| spawned | 1, 4-6 |")
 
 
 def test_compiled_ddp_trains_like_eager_ddp(tmp_path):

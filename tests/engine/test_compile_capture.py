@@ -73,6 +73,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a process group and dynamo's DDP optimizer: seconds
 def test_under_ddp_the_compiled_model_is_captured(old_torch):
     """The engine's DDP path: compiled in place, then wrapped (engine.parallel.wrap)."""
     dist.init_process_group(

@@ -23,6 +23,7 @@ FORMERLY_SAFE = (
     *("train.compile", "train.channels_last", "train.activation_checkpointing", "train.tf32"),
     *("train.cudnn_benchmark", "optim.implementation", "train.nan_policy"),
     *("data.root", "device", "resume", "deterministic", "variant"),
+    "prof.",  # added later, safe from the start: what is recorded about a run
 )
 FORMERLY_GUARDED = ("dist.sync_bn",)
 

@@ -20,7 +20,7 @@ from tests.helpers import records
 # record's writing): measured at 0.2-0.4% of a window in these tiny runs; 20% leaves room for a
 # loaded machine without letting a missing part (a third of the time or more) through
 BOOKKEEPING = 0.2
-THREAD_SHARES = ("data_wait", "to_device", "step_host", "sync")
+THREAD_SHARES = ("data_wait", "to_device", "step_host", "sync", "checkpoint")
 
 
 def test_concurrent_stage_times_add_up_and_take_resets():

@@ -72,6 +72,7 @@ def close(batch: torch.Tensor, reference: torch.Tensor) -> float:
     return (diff > 0).float().mean().item()
 
 
+@pytest.mark.slow  # real photographs, resampled twice
 def test_training_crops_are_torchvisions_within_a_level(photos):
     data, x, images = decoded(photos, True, ImageAugment())
     assert any(x.flips) and not all(x.flips)
@@ -82,6 +83,7 @@ def test_training_crops_are_torchvisions_within_a_level(photos):
     assert close(batch, reference) < 1e-4
 
 
+@pytest.mark.slow  # real photographs, resampled twice
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 def test_evaluation_windows_are_torchvisions_within_a_level(photos, mode):
     aug = ImageAugment(interpolation=mode)
@@ -90,6 +92,7 @@ def test_evaluation_windows_are_torchvisions_within_a_level(photos, mode):
     assert close(batch, per_image_eval(images, aug)) < 1e-4
 
 
+@pytest.mark.slow  # real photographs, resampled twice
 def test_a_batch_resampled_in_parts_is_the_batch_resampled_at_once(photos, monkeypatch):
     data, x, images = decoded(photos, True, ImageAugment())
     whole = crop_flip_batch(images, x.boxes, x.flips, x.size, in_float=True)

@@ -1,0 +1,58 @@
+"""The prof section's one-line behaviour on the CPU: bad windows and ranks refused, the memory
+option said to be CUDA's, an out-of-memory error turned into one line. The traces themselves
+are tested on two gloo processes (tests/distributed/test_distributed.py), the memory snapshot
+on a GPU (tests/gpu/test_memory_snapshot.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import train as engine_train
+from engine.config import ConfigError
+from engine.faults import RunError
+from engine.profile import Window, parse_ranks, parse_steps
+from tests.helpers import run_dir
+
+
+@pytest.mark.parametrize(
+    "text, window", [("", None), ("4:6", Window(4, 6)), (" 7 : 7 ", Window(7, 7))]
+)
+def test_a_window_is_two_steps(text, window):
+    assert parse_steps(text) == window
+
+
+@pytest.mark.parametrize("text", ["6:4", "0:3", "4", "a:b", "4-6"])
+def test_a_bad_window_is_one_line_naming_the_key_and_the_form(text):
+    with pytest.raises(ConfigError, match=r"prof\.steps=.*A:B") as err:
+        parse_steps(text)
+    assert "\n" not in str(err.value)
+
+
+def test_ranks_are_all_or_a_list_within_the_world():
+    assert parse_ranks("all", 3) == {0, 1, 2}
+    assert parse_ranks("0,2", 3) == {0, 2}
+    for bad in ("3", "x", "", "0,-1"):
+        with pytest.raises(ConfigError, match="prof.ranks"):
+            parse_ranks(bad, 3)
+
+
+@pytest.mark.slow
+def test_memory_history_on_the_cpu_is_said_once_and_changes_nothing(tmp_path, train_here):
+    train_here(tmp_path, "memory", "train.max_steps=3", "prof.memory=true")
+    log = (run_dir(tmp_path, "memory") / "train.log").read_text()
+    assert log.count("prof.memory applies to CUDA only") == 1
+    assert not (run_dir(tmp_path, "memory") / "profile").exists()
+
+
+@pytest.mark.slow
+def test_out_of_memory_is_one_line_naming_the_step_and_the_fix(tmp_path, train_here, monkeypatch):
+    def out_of_memory(run):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(engine_train, "fit", out_of_memory)
+    with pytest.raises(RunError) as err:
+        train_here(tmp_path, "oom", "train.max_steps=3")
+    line = str(err.value)
+    assert "\n" not in line and "out of memory on cpu at step 1" in line
+    assert "train.micro_batch_size" in line and "prof.memory=true" in line
