@@ -20,6 +20,7 @@ from engine.tracking import log
 CLOCKED = (
     *("samples_per_s", "data_wait", "mfu", "gpu_mem_gb", "step_s", "to_device", "step_host"),
     *("sync", "checkpoint", "decode", "augment", "finish_thread", "gpu_data_wait"),
+    *("forward_backward", "optimizer", "gpu_util", "gpu_power_w"),
 )
 
 
@@ -102,7 +103,10 @@ class Meter:
         (saving one within the window). The input
         pipeline's stages where this process ran them (engine.data.stages), on either
         thread: decode, augment, finish_thread (the thread finishing batches ahead, busy),
-        gpu_data_wait (the training stream idle until a batch finished ahead was ready)."""
+        gpu_data_wait (the training stream idle until a batch finished ahead was ready). The
+        step's parts: forward_backward and optimizer, their device time (CUDA events; on the
+        CPU the host's, which computes them). Gradient all-reduces overlap the backward pass
+        and are not told apart from it."""
         stages = STAGES.take()
         to_device = stages.pop("to_device", 0.0)
         shares = {
@@ -125,7 +129,20 @@ def speed_figures(run: Run, samples_per_s: float) -> dict:
     memory = gpu_memory_gb(run.device)
     if memory is not None:
         out["gpu_mem_gb"] = memory
-    return out
+    return out | device_stats(run.device)
+
+
+def device_stats(device: torch.device) -> dict[str, float]:
+    """This rank's GPU as NVML reads it now: utilisation (0-1) and power (W); nothing where
+    the device is not CUDA or NVML's Python binding (pynvml) is not installed."""
+    if device.type != "cuda":
+        return {}
+    try:
+        util = torch.cuda.utilization(device) / 100
+        power = torch.cuda.power_draw(device) / 1000
+    except Exception:  # noqa: BLE001 - no pynvml, or a device NVML does not read
+        return {}
+    return {"gpu_util": util, "gpu_power_w": power}
 
 
 def warn_if_starved(run: Run, data_wait: float) -> None:

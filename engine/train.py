@@ -22,6 +22,7 @@ from engine import parallel as P
 from engine import preempt, rundir
 from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
+from engine.data.stages import STAGES
 from engine.ema import update_ema
 from engine.evaluate import metric_names, run_eval
 from engine.faults import RunError, inject_after_step, slow_data
@@ -52,12 +53,13 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     accum = len(micro_batches)
     scale = run.denv.world_size / global_count(run, micro_batches)
     smoothing = run.cfg.train.label_smoothing
-    total = None
+    total, device = None, run.device
     for j, batch in enumerate(micro_batches):
         x, y = run.to_device(batch.x, batch.y, run.feed.train_data)
         if run.feed.mix is not None:
             x, y = run.feed.mix(x, y, run.progress.epoch, micro_position(run, j))
-        with P.gradient_sync(run.net.model, run.net.strategy, last=j == accum - 1):
+        sync = P.gradient_sync(run.net.model, run.net.strategy, last=j == accum - 1)
+        with sync, STAGES.device_time("forward_backward", device):
             with run.autocast(), record_function("forward"):
                 # DDP and FSDP average gradients over ranks: x world size / global count
                 # makes the step's gradient that of the loss summed over the global batch
@@ -68,7 +70,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
             with record_function("backward"):
                 run.opt.scaler.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    with record_function("optimizer"):
+    with record_function("optimizer"), STAGES.device_time("optimizer", device):
         norm = gradient_norm(run)
         if apply_step(run, norm):
             run.opt.scaler.step(run.opt.optimizer)

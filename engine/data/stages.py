@@ -1,9 +1,9 @@
-"""Where the input pipeline's time goes, per logging window: host seconds spent in each stage
-of finishing a batch in this process (decoding, augmenting, moving to the device), by
-whichever thread ran it (the training thread, or the thread finishing batches ahead:
-engine.data.prefetch), and on CUDA the time the training stream stood waiting for a batch
-finished on another stream, read from CUDA events once the window's results are read back
-(no sync of its own).
+"""Where a window's time goes: host seconds spent in each stage of finishing a batch in this
+process (decoding, augmenting, moving to the device), by whichever thread ran it (the
+training thread, or the thread finishing batches ahead: engine.data.prefetch); on CUDA the
+time the training stream stood waiting for a batch finished on another stream, and the
+device time of the step's parts (forward and backward, optimizer), read from CUDA events
+once the window's results are read back (no sync of its own).
 
 Host seconds are what competes with the training thread for the interpreter; a stage's GPU
 time runs asynchronously and shows up as the training stream's wait. Loader workers (other
@@ -28,6 +28,7 @@ class StageTimes:
         self._lock = threading.Lock()
         self._seconds: dict[str, float] = defaultdict(float)
         self._waits: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._spans: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
@@ -40,6 +41,25 @@ class StageTimes:
             yield
         finally:
             self.add(stage, time.perf_counter() - started)
+
+    @contextlib.contextmanager
+    def device_time(self, stage: str, device: torch.device) -> Iterator[None]:
+        """The block's time on the device: on CUDA, between two events on the current stream
+        (read at take(), after the window's read-back: no sync here); on the CPU, where the
+        host computes, the host's."""
+        if device.type != "cuda":
+            with self.timing(stage):
+                yield
+            return
+        stream = torch.cuda.current_stream(device)
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record(stream)
+        try:
+            yield
+        finally:
+            after.record(stream)
+            with self._lock:
+                self._spans.append((stage, before, after))
 
     def stream_wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
         """stream.wait_event(event), bracketed by timing events on the stream: the time
@@ -56,12 +76,15 @@ class StageTimes:
         stream's waits, in seconds. Call after the window's results were read back: the
         events recorded before them have completed."""
         with self._lock:
-            seconds, self._seconds = dict(self._seconds), defaultdict(float)
+            seconds, self._seconds = self._seconds, defaultdict(float)
             waits, self._waits = self._waits, []
-        if waits:
-            waits[-1][1].synchronize()  # done already after a read-back: no wait then
-            seconds["gpu_data_wait"] = sum(a.elapsed_time(b) for a, b in waits) / 1000
-        return seconds
+            spans, self._spans = self._spans, []
+        spans += [("gpu_data_wait", a, b) for a, b in waits]
+        if spans:
+            torch.cuda.synchronize()  # done already after a read-back: no wait then
+        for stage, before, after in spans:
+            seconds[stage] += before.elapsed_time(after) / 1000
+        return dict(seconds)
 
 
 STAGES = StageTimes()

@@ -243,6 +243,8 @@ TIME_SHARES = (
     ("step_host", "step (host)"),
     ("sync", "sync"),
     ("checkpoint", "checkpoint"),
+    ("forward_backward", "forward + backward"),
+    ("optimizer", "optimizer"),
     ("decode", "decode"),
     ("augment", "augment"),
     ("finish_thread", "finishing thread busy"),

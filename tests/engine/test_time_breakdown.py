@@ -75,10 +75,15 @@ def test_every_train_record_says_where_its_window_went(tmp_path, train_here):
     windows = records(tmp_path, "breakdown", "train", "imagenet")
     assert len(windows) == 3
     for rec in windows:
-        assert all(clocked(k) for k in (*THREAD_SHARES, "decode", "augment", "step_s"))
+        measured = (*THREAD_SHARES, "decode", "augment", "step_s", "forward_backward", "optimizer")
+        assert all(clocked(k) for k in measured)
         shares = [rec[k] for k in THREAD_SHARES]
         assert all(s >= 0 for s in shares) and rec["decode"] > 0 and rec["augment"] > 0
         assert 1 - BOOKKEEPING <= sum(shares) <= 1 + 1e-9, rec
         assert rec["decode"] + rec["augment"] <= rec["to_device"] + 1e-9  # inside it here
         assert "finish_thread" not in rec and "gpu_data_wait" not in rec  # no thread ahead
+        # on the CPU the host computes the step's parts: within the step's host time
+        assert 0 < rec["forward_backward"] and 0 < rec["optimizer"]
+        assert rec["forward_backward"] + rec["optimizer"] <= rec["step_host"] + 1e-9
+        assert "gpu_util" not in rec and "gpu_power_w" not in rec  # CUDA's, through NVML
     assert windows[-1]["step_s"] == pytest.approx(1 / windows[-1]["samples_per_s"] * 4)
