@@ -24,7 +24,7 @@ TORCHCODEC_PIN = "torchcodec==0.17.0"  # requirements.lock's: the error names wh
 @functools.cache
 def _decoders():
     try:
-        from torchcodec import decoders
+        from torchcodec import decoders  # optional: a site image may lack it (one line below)
     except ImportError as err:  # absent, or built for another torch
         raise DataError(
             f"decoding image files needs torchcodec, which cannot be imported ({err}): pip "
