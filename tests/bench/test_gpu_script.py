@@ -471,3 +471,49 @@ def test_gpt_out_of_memory_is_recorded_next_to_the_estimate(small_bench, monkeyp
     assert entry["status"] == "out of memory" and "Tried to allocate" in entry["error"]
     assert entry["estimate_gib"] == estimate["total"]
     assert entry["activation_checkpointing"] is False
+
+
+AIRBENCH_TABLE = """\
+------------------------------------------------------------------------------------------
+|  run     |  epoch  |  train_loss  |  train_acc  |  val_acc  |  tta_val_acc  |  total_time_seconds  |
+------------------------------------------------------------------------------------------
+|       0  |      0  |      0.1000  |     0.5000  |   0.6000  |               |              0.5000  |
+|          |      1  |      0.1000  |     0.5000  |   0.6000  |               |              0.9000  |
+|          |   eval  |              |             |           |       0.9400  |              1.1000  |
+------------------------------------------------------------------------------------------
+"""
+
+
+def test_airbench_figures_are_read_from_the_table_it_prints():
+    """airbench 0.1.8 prints its timing (cumulative, per epoch, then with the final
+    evaluation) in a table: the training alone is the last epoch's, its own total the eval
+    row's."""
+    from bench.gpu.cifar10 import airbench_figures, airbench_rows
+
+    figures = airbench_figures(airbench_rows(AIRBENCH_TABLE), steps=100)
+    assert figures == {
+        "airbench_total_s": 1.1,
+        "train_s": 0.9,
+        "step_ms": 9.0,
+        "tta_val_acc": 0.94,
+    }
+
+
+def test_airbench_reads_the_generated_cifar10_in_its_own_format(small_bench):
+    """cifar10/train.pt and test.pt as airbench's CifarLoader loads them: uint8 NHWC images,
+    int64 labels, the ten class names; the same pixels the engine's run reads."""
+    import torch
+
+    from bench.gpu.cifar10 import airbench_files, cifar_folder
+    from recipes.cifar10 import cifar_files
+
+    _, bench = small_bench(cifar_train=64, cifar_test=32)
+    folder = airbench_files(bench)
+    train = torch.load(folder / "cifar10" / "train.pt", weights_only=True)
+    test = torch.load(folder / "cifar10" / "test.pt", weights_only=True)
+    assert train["images"].shape == (64, 32, 32, 3) and test["images"].shape == (32, 32, 32, 3)
+    assert train["images"].dtype == torch.uint8 and train["labels"].dtype == torch.int64
+    assert len(train["classes"]) == 10
+    images, labels = cifar_files.read_split(cifar_folder(bench), True)
+    assert torch.equal(train["images"].permute(0, 3, 1, 2), images)
+    assert torch.equal(train["labels"], labels)
