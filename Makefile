@@ -130,6 +130,19 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# What bench/gpu.sh installs on a GPU machine without network (it reads .gpu-wheels/, or
+# GPU_BENCH_WHEELS): the torchcodec wheel for CPython 3.12 on x86_64 Linux (the engine decodes
+# images through it; TORCHCODEC_INDEX=<url>: from that index instead of PyPI, e.g. a CUDA
+# build) and airbench's sdist (pure Python, for cifar10_fast.airbench94). Needs network.
+.PHONY: gpu-wheels
+gpu-wheels:
+	mkdir -p .gpu-wheels
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --dest .gpu-wheels --no-deps \
+		--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+		$(if $(TORCHCODEC_INDEX),--index-url $(TORCHCODEC_INDEX)) torchcodec==0.17.0
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --dest .gpu-wheels --no-deps \
+		--no-binary=:all: airbench==0.1.8
+
 # ruff (style, function size, what recipes must not import), hadolint, the workflows' schema,
 # and the import contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)

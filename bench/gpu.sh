@@ -5,16 +5,22 @@
 # --only takes measurements or parts (resnet50_synthetic.eager, gpt.speed.compiled, ...); an
 # unknown name is refused with the list of valid ones.
 # Environment: GPU_BENCH_PYTHON (the interpreter, default python3), GPU_BENCH_BUDGET_S
-# (seconds, default 340), OUT (write $OUT/gpu.json), GPU_BENCH_SMOKE=1 (same as --smoke),
+# (seconds, default 330), OUT (write $OUT/gpu.json), GPU_BENCH_SMOKE=1 (same as --smoke),
 # GPU_BENCH_TESTS=0 (no test run), GPU_BENCH_PLANT_STALL=<part> (that part stalls: the
-# watchdog's test).
+# watchdog's test), GPU_BENCH_WHEELS (the folder of wheels to install, default .gpu-wheels).
+# Packages the GPU machine lacks and cannot download (no network): `make gpu-wheels` puts
+# torchcodec's wheel (the engine decodes images through it) and airbench's sdist in
+# .gpu-wheels/; this script installs each wheel there with pip --no-deps (without pip: unzips
+# it) into a temporary folder, unpacks each sdist (pure Python) beside it, and puts both on
+# PYTHONPATH. A needed package that still does not import is named in one line; the parts
+# that need it are skipped with the reason.
 # After the benchmark, wherever pytest imports and torch sees a CUDA device (with or without
 # --smoke or GPU_BENCH_SMOKE), every test marked gpu under tests/ runs (pytest -m gpu, at most
-# 150 s) on the files that use the marker and tests/gpu/, not the whole suite: a module that
+# 135 s) on the files that use the marker and tests/gpu/, not the whole suite: a module that
 # needs what this machine lacks (hypothesis, W&B) stops no GPU test. Its output goes to
 # <json path without .json>-tests.txt. On a machine without CUDA no test runs.
-# A full run takes about 7 minutes: the benchmark at most its budget plus 15 s, the tests
-# about 1.5. Prints the path of the JSON file that holds every figure.
+# A full run takes at most 8 minutes: the benchmark at most its budget plus 15 s, the tests at
+# most 135 s. Prints the path of the JSON file that holds every figure.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +50,35 @@ fi
 # bench.gpu reads GPU_BENCH_BUDGET_S, GPU_BENCH_SMOKE and OUT itself; relative paths are
 # taken from the caller's directory (the repository is found through PYTHONPATH).
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+
+wheels="${GPU_BENCH_WHEELS:-$repo/.gpu-wheels}"
+if [ -d "$wheels" ]; then
+    site="$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench-site.XXXXXX")"
+    trap 'rm -rf "$site"' EXIT
+    for wheel in "$wheels"/*.whl; do
+        [ -e "$wheel" ] || continue
+        # without pip, a wheel unpacked is the same files in the same place
+        "$python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+            --target "$site/lib" "$wheel" >/dev/null 2>&1 \
+            || "$python" -m zipfile -e "$wheel" "$site/lib" \
+            || echo "gpu.sh: could not install $(basename "$wheel")"
+    done
+    for sdist in "$wheels"/*.tar.gz; do
+        [ -e "$sdist" ] || continue
+        mkdir -p "$site/src" && tar -xzf "$sdist" -C "$site/src"
+        PYTHONPATH="$site/src/$(basename "$sdist" .tar.gz):$PYTHONPATH"
+    done
+    PYTHONPATH="$site/lib:$PYTHONPATH"
+fi
+# One line for each package a part needs that does not import (the part says why it skipped).
+for needed in "torchcodec.decoders:torchcodec (image decoding: imagenet_jpeg, decode_stages)" \
+    "airbench:airbench (cifar10_fast.airbench94)"; do
+    module="${needed%%:*}"
+    if ! why="$("$python" -c "import $module" 2>&1)"; then
+        echo "gpu.sh: ${needed#*:} is missing ($(printf '%s' "$why" | tail -n 1)):" \
+            "make gpu-wheels fetches it into .gpu-wheels (or set GPU_BENCH_WHEELS)"
+    fi
+done
 status=0
 "$python" -m bench.gpu ${extra[@]+"${extra[@]}"} "$@" || status=$?
 # The tests that need a CUDA device (marker gpu; deselected elsewhere), when pytest is there.
@@ -58,7 +93,7 @@ if [ "${GPU_BENCH_TESTS:-1}" != "0" ] \
     if [ "${#files[@]}" -eq 0 ]; then
         echo "gpu.sh: GPU tests: none marked gpu under tests/"
     else
-        (cd "$repo" && timeout 150 "$python" -m pytest -q -p no:cacheprovider -m gpu \
+        (cd "$repo" && timeout 135 "$python" -m pytest -q -p no:cacheprovider -m gpu \
             "${files[@]}") >"$tests" 2>&1 || status=1
         echo "gpu.sh: GPU tests: $(tail -n 1 "$tests") (output in $tests)"
     fi

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu import __doc__ as PACKAGE_DOC
-from bench.gpu import cifar10, gpt, jpeg, recompiles, resnet
+from bench.gpu import cifar10, decode_stages, determinism, gpt, jpeg, recompiles, resnet
 from bench.gpu.compile_log import use_compile_backend, watch_recompiles
 from bench.gpu.harness import (
     REPO,
@@ -33,14 +33,18 @@ from bench.gpu.versions import versions
 RUNNERS = {
     "resnet50_synthetic": resnet.resnet50_synthetic,
     "imagenet_jpeg": jpeg.imagenet_jpeg,
+    "decode_stages": decode_stages.decode_stages,
     "cifar10_fast": cifar10.cifar10_fast,
     "compile_recompiles": recompiles.compile_recompiles,
+    "determinism": determinism.determinism,
 }
-SUMMARIES = {  # the printed summary's order: (a), (b), (c), (d), (f)
+SUMMARIES = {  # the printed summary's order: the run order, (e) in the JSON only
     "resnet50_synthetic": resnet.summary,
     "imagenet_jpeg": jpeg.summary,
+    "decode_stages": decode_stages.summary,
     "cifar10_fast": cifar10.summary,
     "compile_recompiles": recompiles.summary,
+    "determinism": determinism.summary,
     "gpt": gpt.summary,
 }
 

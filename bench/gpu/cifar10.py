@@ -2,13 +2,28 @@
 `generated`, on generated data of the real shape (50k train, 10k test, 32x32): seconds per
 epoch and the projected time of its 475-step (9.9-epoch) budget. Accuracy (94% is the aim)
 can only be measured on the real CIFAR-10: part `real_data`, when its files are at the
-recipe's data.root, measures the run to the end and its final top-1."""
+recipe's data.root, measures the run to the end and its final top-1.
+
+Part `airbench94`, side by side on the same generated data: airbench's own code (the
+airbench==0.1.8 package, installed by bench/gpu.sh from .gpu-wheels/; no copy in this repo),
+its train94() in a folder holding the data as its CifarLoader reads it (cifar10/train.pt and
+test.pt), after its own warm-up (warmup94). Its own timing (CUDA events: the whitening
+set-up, the training epochs and the final test-time-augmented evaluation, what its 3.83 s on
+an A100 counts) as it prints it, the training alone, time per step, and this process's wall
+time of the call (data loading and its per-epoch evaluations included), beside the engine's
+projected time for the same 475 steps from part `generated`. airbench needs CUDA (it calls
+.cuda() and .half()): skipped on a CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import math
 import time
 from pathlib import Path
+
+import torch
 
 from bench.gpu.engine_runs import close_run, engine_run, engine_steps
 from bench.gpu.harness import REPO, Bench, Skip, attempt, device_peak, fmt, median, mfu, timed
@@ -19,6 +34,8 @@ from engine.speed import flops_per_sample
 from engine.tracking import ProgressBar
 from engine.train import fit, run_eval
 from recipes.cifar10 import cifar_files
+
+AIRBENCH_PIN = "airbench==0.1.8"
 
 
 def cifar_folder(bench: Bench) -> Path:
@@ -89,6 +106,13 @@ def cifar10_fast(bench: Bench) -> dict:
         ),
         attempt(
             bench,
+            "cifar10_fast.airbench94",
+            "(c) airbench94 on the same data",
+            lambda: airbench94(bench),
+            need_s=bench.need(12),
+        ),
+        attempt(
+            bench,
             "cifar10_fast.real_data",
             "(c) real CIFAR-10",
             lambda: cifar_real(bench),
@@ -126,6 +150,82 @@ def cifar_generated(bench: Bench) -> dict:
         out |= projections(bench, run, t)
     finally:
         close_run(run)
+    return out
+
+
+def import_airbench(bench: Bench):
+    """airbench, or Skip with the reason (no CUDA, or not installed)."""
+    if bench.device.type != "cuda":
+        raise Skip("airbench needs CUDA: it calls .cuda() and .half()")
+    try:
+        import airbench
+    except ImportError as err:
+        raise Skip(
+            f"airbench cannot be imported ({err}): make gpu-wheels puts {AIRBENCH_PIN} in "
+            ".gpu-wheels/, which bench/gpu.sh installs"
+        ) from None
+    return airbench
+
+
+def airbench_files(bench: Bench) -> Path:
+    """The generated CIFAR-10 as airbench's CifarLoader reads it: <dir>/cifar10/{train,test}.pt
+    ({'images': uint8 NHWC, 'labels': int64, 'classes': names}); returns <dir>."""
+    root = cifar_folder(bench)
+    folder = bench.tmp / "airbench"
+    (folder / "cifar10").mkdir(parents=True, exist_ok=True)
+    classes = cifar_files.read_classes(root)
+    for split, train in (("train", True), ("test", False)):
+        images, labels = cifar_files.read_split(root, train)
+        data = {"images": images.permute(0, 2, 3, 1).contiguous(), "labels": labels}
+        torch.save(data | {"classes": classes}, folder / "cifar10" / f"{split}.pt")
+    return folder
+
+
+def airbench_rows(printed: str) -> list[dict]:
+    """The rows of the table airbench prints (run, epoch, ..., total_time_seconds)."""
+    lines = [line.strip() for line in printed.splitlines() if line.strip().startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    if not cells:
+        raise RuntimeError(f"airbench printed no table: {printed[-500:]!r}")
+    head, *rows = cells
+    return [dict(zip(head, row, strict=True)) for row in rows]
+
+
+def airbench_figures(rows: list[dict], steps: int) -> dict:
+    """Its own total (the final 'eval' row), the training alone (the last epoch row) and per
+    step."""
+    final = next(r for r in rows if r["epoch"] == "eval")
+    epochs = [r for r in rows if r["epoch"] not in ("", "eval")]
+    train_s = float(epochs[-1]["total_time_seconds"])
+    return {
+        "airbench_total_s": float(final["total_time_seconds"]),
+        "train_s": round(train_s, 4),
+        "step_ms": round(1000 * train_s / steps, 3),
+        "tta_val_acc": float(final["tta_val_acc"]),
+    }
+
+
+def airbench94(bench: Bench) -> dict:
+    airbench = import_airbench(bench)
+    from airbench import lib_airbench94
+
+    folder = airbench_files(bench)
+    opt = lib_airbench94.hyp["opt"]
+    steps = math.ceil(bench.sizes.cifar_train // opt["batch_size"] * opt["train_epochs"])
+    printed = io.StringIO()
+    with contextlib.chdir(folder):
+        with contextlib.redirect_stdout(io.StringIO()):  # its warm-up prints one row, headless
+            warm = timed(bench, lambda: airbench.warmup94(verbose=True))
+        with contextlib.redirect_stdout(printed):
+            wall = timed(bench, lambda: airbench.train94(verbose=True))
+    out = {"package": AIRBENCH_PIN, "steps": steps, "warmup_s": round(warm, 2)}
+    out |= airbench_figures(airbench_rows(printed.getvalue()), steps)
+    out["wall_s"] = round(wall, 2)
+    out["accuracy_note"] = "tta_val_acc on generated data: not CIFAR-10's accuracy"
+    engine = bench.result["measurements"].get("cifar10_fast", {}).get("generated", {})
+    if engine.get("status") == "ok":
+        out["engine_projected_budget_s"] = engine["projected_budget_s"]
+        out["engine_over_airbench_train"] = round(engine["projected_budget_s"] / out["train_s"], 3)
     return out
 
 
@@ -172,9 +272,21 @@ def summary(entry: dict) -> list[str]:
     elif generated:
         why = generated.get("reason") or generated.get("error", "")
         lines.append(f"  (c) CIFAR-10 fast: {generated.get('status')} {why[:200]}".rstrip())
+    lines += airbench_summary(entry.get("airbench94", {}))
     if real.get("status") == "ok":
         lines.append(
             f"  (c) CIFAR-10 fast on the real files: top-1 {fmt(real['top1'], '.4f')} after "
             f"{real['steps']} steps in {real['fit_s']:.1f} s (airbench94: 94.01% in 3.83 s)"
         )
     return lines
+
+
+def airbench_summary(air: dict) -> list[str]:
+    if air.get("status") == "ok":
+        return [
+            f"  (c) airbench94 on the same data: {air['train_s']:.2f} s training "
+            f"({air['step_ms']:.2f} ms/step), {air['airbench_total_s']:.2f} s by its own count"
+        ]
+    if air:
+        return [f"  (c) airbench94: {air.get('status')} {air.get('reason', '')}".rstrip()]
+    return []

@@ -10,14 +10,18 @@ memory high-water mark, eager without and with activation checkpointing
 (engine.parallel.activations on the blocks) and torch.compile'd (the whole model, as the
 engine compiles a one-GPU or DDP run) without it.
 
+micro_batch: the `124m` variant, eager, at twice and four times the speed parts' micro batch
+(32 and 64 sequences): tokens/s and MFU against the batch, the 16 of speed.eager; running out
+of memory is recorded as such.
+
 memory: the `1b` variant at 4 x 2048 tokens per step, with and without activation
 checkpointing: the high-water mark of training steps after the first (so AdamW's moments
 exist) next to recipes/gpt/memory.py's estimate for the same micro batch on one GPU (its DDP
 column); running out of memory is recorded as such.
 
-The block keeps to its share of the budget (sizes.gpt_share_s, 70 s): a part that does not fit
-what is left of it is skipped with the reason. Each part is filed under gpt.speed.<part> or
-gpt.memory.<part> as soon as it ends."""
+The block keeps to its share of the budget (sizes.gpt_share_s, 50 s): a part that does not fit
+what is left of it is skipped with the reason. Each part is filed under gpt.speed.<part>,
+gpt.micro_batch.<part> or gpt.memory.<part> as soon as it ends."""
 
 from __future__ import annotations
 
@@ -184,6 +188,37 @@ def gpt_train(
             torch._dynamo.reset()  # its graphs hold the model's tensors
 
 
+def out_of_memory_entry(bench: Bench, err: Exception, **fields) -> dict:
+    """An out-of-memory error as a result: the message, the device memory freed."""
+    message = " ".join(str(err).split())[:600]
+    free_device_memory(bench.device)
+    return {"status": "out of memory", "error": message, **fields}
+
+
+def micro_batch_part(bench: Bench, plan) -> dict:
+    """gpt_train, eager, at this micro batch; out of memory is a result, not an error."""
+    try:
+        out = gpt_train(bench, plan, False, False)
+    except torch.cuda.OutOfMemoryError as err:
+        return out_of_memory_entry(bench, err, micro_batch=plan.micro_batch)
+    return {
+        "micro_batch": plan.micro_batch,
+        "tokens_per_step": plan.micro_batch * plan.seq_len,
+    } | out
+
+
+def run_micro_batches(bench: Bench, share: BlockShare, micro: dict, speed_plan) -> None:
+    """The speed parts' model, eager, at 2x and 4x their micro batch."""
+    for factor in (2, 4):
+        plan = dataclasses.replace(speed_plan, micro_batch=factor * speed_plan.micro_batch)
+        micro[f"x{factor}"] = share.part(
+            f"gpt.micro_batch.x{factor}",
+            f"(f) gpt speed, eager, micro batch {plan.micro_batch}",
+            lambda p=plan: micro_batch_part(bench, p),
+            6 + 2 * factor,
+        )
+
+
 def gpt_memory_part(bench: Bench, plan, checkpointing: bool, estimate: dict) -> dict:
     """gpt_train at a fixed step count, its high-water mark against the estimate; running out
     of memory is a result here, not an error."""
@@ -193,19 +228,13 @@ def gpt_memory_part(bench: Bench, plan, checkpointing: bool, estimate: dict) -> 
             bench, plan, checkpointing, False, steps=bench.sizes.gpt_memory_steps, warmup=0
         )
     except torch.cuda.OutOfMemoryError as err:
-        message = " ".join(str(err).split())[:600]
-    else:
-        out["estimate_gib"] = estimate[key]
-        if out.get("peak_step_gib") is not None:
-            out["measured_over_estimate"] = round(out["peak_step_gib"] / estimate[key], 3)
-        return out
-    free_device_memory(bench.device)
-    return {
-        "status": "out of memory",
-        "activation_checkpointing": checkpointing,
-        "error": message,
-        "estimate_gib": estimate[key],
-    }
+        return out_of_memory_entry(
+            bench, err, activation_checkpointing=checkpointing, estimate_gib=estimate[key]
+        )
+    out["estimate_gib"] = estimate[key]
+    if out.get("peak_step_gib") is not None:
+        out["measured_over_estimate"] = round(out["peak_step_gib"] / estimate[key], 3)
+    return out
 
 
 class BlockShare:
@@ -259,9 +288,10 @@ def gpt_notes(peak_source: str) -> dict:
     }
 
 
-def run_parts(bench: Bench, share: BlockShare, speed: dict, speed_plan, memory: dict, memory_plan):
-    """The five parts in the README's order, compilation last: it is the longest and least
+def run_parts(bench: Bench, share: BlockShare, out: dict, speed_plan, memory_plan):
+    """The parts in the README's order, compilation last: it is the longest and least
     predictable, and the share skips what no longer fits."""
+    speed, memory = out["speed"], out["memory"]
     speed["eager"] = share.part(
         "gpt.speed.eager",
         "(f) gpt speed, eager",
@@ -274,6 +304,7 @@ def run_parts(bench: Bench, share: BlockShare, speed: dict, speed_plan, memory: 
         lambda: gpt_train(bench, speed_plan, True, False),
         10,
     )
+    run_micro_batches(bench, share, out["micro_batch"], speed_plan)
     estimate = memory["estimate_gib"]
     memory["checkpointing"] = share.part(
         "gpt.memory.checkpointing",
@@ -305,7 +336,8 @@ def gpt_measure(bench: Bench) -> dict:
     out |= gpt_notes(peak_source)
     speed = out["speed"] = plan_entry(s.gpt_speed_variant, speed_plan)
     memory = out["memory"] = plan_entry(s.gpt_memory_variant, memory_plan)
-    run_parts(bench, share, speed, speed_plan, memory, memory_plan)
+    out["micro_batch"] = {"variant": s.gpt_speed_variant, "compiled": False}
+    run_parts(bench, share, out, speed_plan, memory_plan)
     ran = [k for k in ("compiled", "eager") if speed[k].get("status") == "ok"]
     if ran:
         best = speed[ran[0]]
@@ -316,6 +348,7 @@ def gpt_measure(bench: Bench) -> dict:
             "peak_step_gib": best["peak_step_gib"],
         }
     parts = [speed[k] for k in ("eager", "eager_checkpointing", "compiled")]
+    parts += [out["micro_batch"][k] for k in ("x2", "x4")]
     parts += [memory[k] for k in ("checkpointing", "no_checkpointing")]
     if all(p.get("status") == "error" for p in parts):
         return out | {"status": "error", "error": "every gpt part failed (see each)"}
@@ -335,6 +368,7 @@ def summary(entry: dict) -> list[str]:
             )
         elif isinstance(e, dict):
             lines.append(f"  (f) gpt {key}: {e.get('status')} {e.get('reason', '')}")
+    lines += micro_batch_summary(entry)
     for key in ("checkpointing", "no_checkpointing"):
         e = get(entry, "memory", key)
         if isinstance(e, dict) and "estimate_gib" in e:
@@ -346,3 +380,19 @@ def summary(entry: dict) -> list[str]:
         elif isinstance(e, dict):
             lines.append(f"  (f) gpt memory {key}: {e.get('status')} {e.get('reason', '')}")
     return lines
+
+
+def micro_batch_summary(entry: dict) -> list[str]:
+    """MFU, eager, at the speed parts' micro batch and at 2x and 4x it."""
+    parts = [get(entry, "speed", "eager"), get(entry, "micro_batch", "x2")]
+    parts.append(get(entry, "micro_batch", "x4"))
+    batch = get(entry, "speed", "micro_batch")
+    if not all(isinstance(p, dict) for p in parts) or batch is None:
+        return []
+    figures = []
+    for factor, e in zip((1, 2, 4), parts, strict=True):
+        value = fmt(e.get("mfu"), ".3f") if e.get("status") == "ok" else e.get("status")
+        figures.append(f"{factor * batch}: {value}")
+    return [
+        f"  (f) gpt {entry['speed']['variant']} eager MFU by micro batch: " + ", ".join(figures)
+    ]

@@ -24,7 +24,7 @@ from typing import NoReturn
 import torch
 
 from bench.gpu.compile_log import dynamo_delta, dynamo_snapshot
-from bench.gpu.sizes import MEASUREMENTS, REFERENCES, TARGETS, Sizes, selectable
+from bench.gpu.sizes import MEASUREMENTS, REFERENCES, TARGETS, WATCHDOG_GRACE_S, Sizes, selectable
 from engine import catalog, speed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,7 +264,7 @@ def nested_max(value, key: str):
     return max(found) if found else None
 
 
-def start_watchdog(bench: Bench, grace_s: float = 15.0) -> None:
+def start_watchdog(bench: Bench, grace_s: float = WATCHDOG_GRACE_S) -> None:
     """Past the budget plus grace: record where it stood, write the JSON and stop. The parts
     that ended are kept; each running one (the part and the measurement around it) is marked
     aborted, its finished parts kept with it."""

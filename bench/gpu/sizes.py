@@ -9,8 +9,10 @@ import dataclasses
 MEASUREMENTS = (
     "resnet50_synthetic",
     "imagenet_jpeg",
+    "decode_stages",
     "cifar10_fast",
     "compile_recompiles",
+    "determinism",
     "gpt",
     "memory_and_mfu",
 )
@@ -19,10 +21,24 @@ MEASUREMENTS = (
 PARTS = {
     "resnet50_synthetic": ("eager", "compiled"),
     "imagenet_jpeg": ("cpu_decode", "gpu_decode"),
-    "cifar10_fast": ("generated", "real_data"),
+    "decode_stages": (
+        "decode",
+        "augment",
+        "finish_thread",
+        "engine.ahead1_half_cores",
+        "engine.ahead3_half_cores",
+        "engine.ahead1_most_cores",
+        "engine.ahead3_most_cores",
+        "split.gpu_only",
+        "split.cpu_quarter",
+    ),
+    "cifar10_fast": ("generated", "airbench94", "real_data"),
+    "determinism": ("eager", "compiled"),
     "gpt": (
         "speed.eager",
         "speed.eager_checkpointing",
+        "micro_batch.x2",
+        "micro_batch.x4",
         "memory.checkpointing",
         "memory.no_checkpointing",
         "speed.compiled",
@@ -45,8 +61,12 @@ def selectable() -> tuple[str, ...]:
     return tuple(names)
 
 
-BUDGET_S = 340.0  # the default budget of a full run; a smoke run's is SMOKE_BUDGET_S
+# bench/gpu.sh's whole run within 8 minutes: the budget, the watchdog's 15 s grace past it and
+# at most TESTS_S of tests marked gpu (bench/gpu.sh's timeout).
+BUDGET_S = 330.0  # the default budget of a full run; a smoke run's is SMOKE_BUDGET_S
 SMOKE_BUDGET_S = 300.0
+WATCHDOG_GRACE_S = 15.0
+TESTS_S = 135  # bench/gpu.sh: timeout of the tests marked gpu
 MARGIN = 0.85  # a full run's planned seconds stay within this fraction of BUDGET_S
 TARGETS = {
     "resnet50_img_per_s": ">= 3500 (bare and engine, bf16, channels_last, batch 256)",
@@ -78,7 +98,7 @@ REFERENCES = [
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How big each measurement is; a full run's planned seconds (planned_s, 285 of the 340 s
+    """How big each measurement is; a full run's planned seconds (planned_s, 280 of the 330 s
     budget) leave a margin for compilation on a fresh inductor cache."""
 
     arch: str = "resnet50"
@@ -88,14 +108,25 @@ class Sizes:
     device_images: int = 4096  # synthetic uint8 images resident on the device (16 batches)
     warmup_steps: int = 8  # after the first (compiling) step, per path
     segments: int = 3  # timed segments per path, alternating engine and bare
-    segment_s: float = 2.0  # aimed length of one timed segment
+    segment_s: float = 1.5  # aimed length of one timed segment
     segment_steps: tuple[int, int] = (5, 40)  # its bounds in steps
-    jpeg_unique: int = 2048  # distinct JPEG files generated
-    jpeg_links: int = 8  # hard links per file: an epoch of unique * links images
+    jpeg_unique: int = 20_480  # distinct JPEG files generated (train)
+    jpeg_links: int = 1  # hard links per file: an epoch of unique * links images
+    jpeg_val: int = 2048  # distinct JPEG files generated for the evaluation pass
     jpeg_classes: int = 16
     jpeg_window: int = 5  # log.every_steps: the engine meters throughput per window
     jpeg_warmup_steps: int = 10  # first iterator: worker start and compilation
     jpeg_windows: int = 8  # timed windows, after one discarded window of the second iterator
+    stage_batches: int = 8  # timed batches of decode_stages' decode, augment, finish_thread
+    stage_windows: int = 4  # timed windows of each decode_stages engine run (eager)
+    determinism_steps: int = 12  # steps of each determinism run (one epoch; resumed halfway)
+    determinism_batch: int = 64
+    determinism_overrides: tuple[str, ...] = (
+        "model.arch=resnet18",
+        "data.augment.train_size=112",
+        "data.augment.eval_size=112",
+        "data.augment.eval_resize=128",
+    )
     cifar_train: int = 50_000
     cifar_test: int = 10_000
     cifar_epochs: int = 3  # timed epochs after the first (compiling) one
@@ -107,17 +138,19 @@ class Sizes:
     gpt_memory_batch: int = 4
     gpt_seq: int | None = None  # tokens per sequence; None: the variant's data.block_size
     gpt_warmup_steps: int = 3  # after the first (compiling) step
-    gpt_segment_s: float = 3.0  # aimed length of the timed span
+    gpt_segment_s: float = 2.0  # aimed length of the timed span
     gpt_steps: tuple[int, int] = (5, 40)  # its bounds in steps
     gpt_memory_steps: int = 3  # steps after the first whose high-water mark is kept
-    gpt_share_s: float = 70.0  # parts start only within this many seconds of the block's start
+    gpt_share_s: float = 50.0  # parts start only within this many seconds of the block's start
     compile_backend: str | None = None  # None: torch's default (inductor)
     planned_s: tuple[tuple[str, float], ...] = (  # rough cost on an H100/H200, for the budget
-        ("resnet50_synthetic", 105),
-        ("imagenet_jpeg", 55),
-        ("cifar10_fast", 35),
-        ("compile_recompiles", 20),
-        ("gpt", 70),  # = gpt_share_s
+        ("resnet50_synthetic", 65),
+        ("imagenet_jpeg", 60),  # generating its JPEGs included (~20 s on 16 cores)
+        ("decode_stages", 35),
+        ("cifar10_fast", 30),  # airbench94 included
+        ("compile_recompiles", 15),
+        ("determinism", 25),
+        ("gpt", 50),  # = gpt_share_s
     )
 
 
@@ -132,10 +165,21 @@ SMOKE = Sizes(
     segment_steps=(2, 3),
     jpeg_unique=16,
     jpeg_links=4,
+    jpeg_val=4,
     jpeg_classes=2,
     jpeg_window=1,
     jpeg_warmup_steps=2,
     jpeg_windows=2,
+    stage_batches=2,
+    stage_windows=1,
+    determinism_steps=4,
+    determinism_batch=4,
+    determinism_overrides=(
+        "model.arch=resnet18",
+        "data.augment.train_size=64",
+        "data.augment.eval_size=64",
+        "data.augment.eval_resize=64",
+    ),
     cifar_train=1024,
     cifar_test=256,
     cifar_epochs=1,

@@ -1,10 +1,11 @@
 """The one-shot GPU benchmark (bench/gpu.sh) in its smoke mode: every measurement runs with
 tiny sizes (on the CPU here) in an interpreter where wandb, submitit, matplotlib and
 safetensors cannot be imported, as on a GPU machine with only torch and torchvision, and
-leaves one JSON file with the versions and an entry for each part; a part that overruns the
-budget (planted) is stopped by the watchdog with the parts before it kept. Also: the default
-plan's margin, --only's names, and the gpt block's budget share and out-of-memory record
-without running it."""
+leaves one JSON file with the versions and an entry for each part (ok, or skipped with the
+reason where CUDA is needed); a part that overruns the budget (planted) is stopped by the
+watchdog with the parts before it kept. Also: the default plan's margin and the 8 minutes of
+the whole script, --only's names, the wheels bench/gpu.sh installs, and the gpt block's
+budget share and out-of-memory record without running it."""
 
 import argparse
 import dataclasses
@@ -18,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu.sizes import BUDGET_S, MARGIN, PARTS, Sizes, selectable
+from bench.gpu.engine_runs import BREAKDOWN, has_key
+from bench.gpu.sizes import (
+    BUDGET_S,
+    MARGIN,
+    PARTS,
+    TESTS_S,
+    WATCHDOG_GRACE_S,
+    Sizes,
+    selectable,
+)
 from tests.datagen_cifar import write_cifar_batches
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -26,11 +36,14 @@ SCRIPT = REPO / "bench" / "gpu.sh"
 MEASUREMENTS = [
     "resnet50_synthetic",
     "imagenet_jpeg",
+    "decode_stages",
     "cifar10_fast",
     "compile_recompiles",
+    "determinism",
     "gpt",
     "memory_and_mfu",
 ]
+NEEDS_CUDA = {"cifar10_fast.airbench94"}  # skipped on a CPU, with the reason
 BLOCKED = ("wandb", "submitit", "matplotlib", "safetensors")
 
 
@@ -46,6 +59,7 @@ def without_wandb_and_submitit(tmp_path: Path) -> dict[str, str]:
     return env | {
         "PYTHONPATH": str(site),
         "GPU_BENCH_PYTHON": sys.executable,
+        "GPU_BENCH_WHEELS": str(tmp_path / "no-wheels"),  # not the checkout's .gpu-wheels
         "OMP_NUM_THREADS": "1",
     }
 
@@ -68,6 +82,13 @@ def test_the_default_plan_leaves_a_margin_of_the_budget():
     assert planned <= MARGIN * BUDGET_S, (planned, BUDGET_S)
     assert dict(sizes.planned_s)["gpt"] == sizes.gpt_share_s
     assert [name for name, _ in sizes.planned_s] == MEASUREMENTS[:-1]  # (e) only gathers
+
+
+def test_the_whole_script_fits_8_minutes_of_one_gpu():
+    """The benchmark's budget, the watchdog's grace and the GPU tests' timeout in gpu.sh."""
+    assert BUDGET_S + WATCHDOG_GRACE_S + TESTS_S <= 8 * 60
+    assert f"timeout {TESTS_S} " in SCRIPT.read_text()
+    assert f"default {BUDGET_S:.0f})" in SCRIPT.read_text()
 
 
 def test_only_takes_parts_and_refuses_an_unknown_name_with_the_valid_ones(capsys):
@@ -107,6 +128,61 @@ def test_only_runs_the_named_parts_the_groups_above_and_below(tmp_path):
         bench.selected("gpt.speed.fused")
 
 
+def fake_airbench_wheel(folder: Path) -> Path:
+    """A minimal wheel of a package named airbench (an empty module), as pip installs it."""
+    import zipfile
+
+    wheel = folder / "airbench-0.1.8-py3-none-any.whl"
+    info = "airbench-0.1.8.dist-info"
+    files = {
+        "airbench/__init__.py": "",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: airbench\nVersion: 0.1.8\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def fake_airbench_sdist(folder: Path) -> Path:
+    import tarfile
+
+    source = folder / "src" / "airbench-0.1.8" / "airbench"
+    source.mkdir(parents=True)
+    (source / "__init__.py").write_text("")
+    sdist = folder / "airbench-0.1.8.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(source.parent, arcname="airbench-0.1.8")
+    return sdist
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wheel", "sdist"])
+def test_gpu_sh_installs_a_wheel_or_unpacks_an_sdist_from_the_wheels_folder(tmp_path, kind):
+    """A wheel in GPU_BENCH_WHEELS is pip-installed (--no-deps) and an sdist unpacked onto
+    PYTHONPATH before the benchmark: the package then imports, and no line says it is
+    missing (the smoke run, without it, checks that line)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    if kind == "wheel":
+        fake_airbench_wheel(wheels)
+    else:
+        fake_airbench_sdist(tmp_path).rename(wheels / "airbench-0.1.8.tar.gz")
+    env = without_wandb_and_submitit(tmp_path) | {
+        "GPU_BENCH_WHEELS": str(wheels),
+        "GPU_BENCH_TESTS": "0",
+    }
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "gpu.sh: airbench (cifar10_fast.airbench94) is missing" not in done.stdout
+    assert "could not install" not in done.stdout, done.stdout
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     env = without_wandb_and_submitit(tmp_path)
@@ -141,10 +217,13 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     m = result["measurements"]
     assert list(m) == MEASUREMENTS
     assert "aborted" not in result
-    for name, parts in PARTS.items():  # each part filed under its dotted name, and ran
-        for part in parts:
-            entry = part_entry(m, f"{name}.{part}")
-            assert entry["status"] == "ok", (name, part, entry)
+    for key in parts_that_run_on_a_cpu():  # each part filed under its dotted name, and ran
+        entry = part_entry(m, key)
+        assert entry["status"] == "ok", (key, entry)
+    for key in NEEDS_CUDA:
+        entry = part_entry(m, key)
+        assert entry["status"] == "skipped" and "needs CUDA" in entry["reason"], (key, entry)
+    assert "gpu.sh: airbench (cifar10_fast.airbench94) is missing" in done.stdout
     for name, entry in m.items():
         assert entry["status"] in ("ok", "error", "skipped", "not present"), name
         if entry["status"] == "error":
@@ -164,6 +243,8 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     assert cpu["img_per_s"] > 0 and 0 <= cpu["data_wait_fraction"] <= 1
     gpu = m["imagenet_jpeg"]["gpu_decode"]  # on a CPU the device decode runs on the CPU
     assert gpu["status"] == "ok" and gpu["img_per_s"] > 0, gpu
+    check_jpeg_and_decode_stages(m)
+    check_determinism(m["determinism"])
     c = m["cifar10_fast"]
     assert c["status"] == "ok", c
     fast = c["generated"]
@@ -204,6 +285,10 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
         assert e["tokens_per_s"] > 0 and e["estimate_gib"] == memory["estimate_gib"][total]
         assert e["activation_checkpointing"] is (key == "checkpointing")
     assert f["headline"]["tokens_per_s"] > 0
+    for factor in (2, 4):
+        e = f["micro_batch"][f"x{factor}"]
+        assert e["status"] == "ok" and e["micro_batch"] == factor * speed["micro_batch"], e
+        assert e["tokens_per_s"] > 0 and e["compiled"] is False and "mfu" in e, e
     assert {r["measurement"] for r in rows} >= {
         "gpt.speed.eager",
         "gpt.speed.eager_checkpointing",
@@ -211,6 +296,56 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
         "gpt.memory.checkpointing",
         "gpt.memory.no_checkpointing",
     }
+
+
+def parts_that_run_on_a_cpu() -> list[str]:
+    """Every part's dotted name but those that need CUDA, and the decode split where this
+    checkout's config lacks data.cpu_decode_share."""
+    keys = [f"{name}.{part}" for name, parts in PARTS.items() for part in parts]
+    split = has_key("imagenet", "data.cpu_decode_share")
+    return [k for k in keys if k not in NEEDS_CUDA and (split or ".split." not in k)]
+
+
+def check_breakdown(entry: dict) -> None:
+    """Every breakdown field of the engine's train records, as a share of the wall time."""
+    shares = entry["breakdown"]
+    assert set(shares) == set(BREAKDOWN), shares
+    assert all(share >= 0 for share in shares.values()) and shares["data_wait"] <= 1, shares
+    assert shares["step_host"] > 0, shares
+
+
+def check_jpeg_and_decode_stages(m: dict) -> None:
+    folder = m["imagenet_jpeg"]["folder"]
+    assert folder["generation_s"] > 0 and folder["unique_train_files"] >= 16, folder
+    for decode in ("cpu_decode", "gpu_decode"):
+        e = m["imagenet_jpeg"][decode]
+        check_breakdown(e)
+        assert e["eval_images"] == folder["val_files"] > 0 and e["eval_s"] > 0, e
+    assert m["imagenet_jpeg"]["gpu_decode"]["breakdown"]["decode"] > 0  # on the CPU here
+    stages = m["decode_stages"]
+    assert stages["status"] == "ok", stages
+    for part in ("decode", "augment", "finish_thread"):
+        assert stages[part]["img_per_s"] > 0 and stages[part]["timed_images"] > 0, stages[part]
+    assert stages["finish_thread"]["thread_busy_share"] > 0
+    for part, depth in (("ahead1_half_cores", 1), ("ahead3_most_cores", 3)):
+        e = stages["engine"][part]
+        assert e["decode_ahead"] == depth and e["loader_workers"] >= 1 and e["img_per_s"] > 0
+        check_breakdown(e)
+    if not has_key("imagenet", "data.cpu_decode_share"):
+        for part in ("gpu_only", "cpu_quarter"):
+            assert "cpu_decode_share" in stages["split"][part]["reason"]
+
+
+def check_determinism(entry: dict) -> None:
+    """On a CPU, with deterministic=true, runs and a stop/resume give the same weights."""
+    assert entry["status"] == "ok", entry
+    for mode in ("eager", "compiled"):
+        e = entry[mode]
+        assert e["status"] == "ok" and e["compiled"] is (mode == "compiled"), e
+        for comparison in ("two_runs", "stop_resume"):
+            assert e[comparison] == {"equal": True, "max_abs_diff": 0.0}, (mode, e)
+        assert e["flags"]["algorithms"] is True
+    assert entry["compiled"]["torch_compile"]["frames_compiled"] >= 1
 
 
 STALLS = [  # (the part that stalls, --only, the parts measured before it)
@@ -221,6 +356,8 @@ STALLS = [  # (the part that stalls, --only, the parts measured before it)
         [
             "gpt.speed.eager",
             "gpt.speed.eager_checkpointing",
+            "gpt.micro_batch.x2",
+            "gpt.micro_batch.x4",
             "gpt.memory.checkpointing",
             "gpt.memory.no_checkpointing",
         ],
@@ -334,3 +471,49 @@ def test_gpt_out_of_memory_is_recorded_next_to_the_estimate(small_bench, monkeyp
     assert entry["status"] == "out of memory" and "Tried to allocate" in entry["error"]
     assert entry["estimate_gib"] == estimate["total"]
     assert entry["activation_checkpointing"] is False
+
+
+AIRBENCH_TABLE = """\
+------------------------------------------------------------------------------------------
+|  run     |  epoch  |  train_loss  |  train_acc  |  val_acc  |  tta_val_acc  |  total_time_seconds  |
+------------------------------------------------------------------------------------------
+|       0  |      0  |      0.1000  |     0.5000  |   0.6000  |               |              0.5000  |
+|          |      1  |      0.1000  |     0.5000  |   0.6000  |               |              0.9000  |
+|          |   eval  |              |             |           |       0.9400  |              1.1000  |
+------------------------------------------------------------------------------------------
+"""
+
+
+def test_airbench_figures_are_read_from_the_table_it_prints():
+    """airbench 0.1.8 prints its timing (cumulative, per epoch, then with the final
+    evaluation) in a table: the training alone is the last epoch's, its own total the eval
+    row's."""
+    from bench.gpu.cifar10 import airbench_figures, airbench_rows
+
+    figures = airbench_figures(airbench_rows(AIRBENCH_TABLE), steps=100)
+    assert figures == {
+        "airbench_total_s": 1.1,
+        "train_s": 0.9,
+        "step_ms": 9.0,
+        "tta_val_acc": 0.94,
+    }
+
+
+def test_airbench_reads_the_generated_cifar10_in_its_own_format(small_bench):
+    """cifar10/train.pt and test.pt as airbench's CifarLoader loads them: uint8 NHWC images,
+    int64 labels, the ten class names; the same pixels the engine's run reads."""
+    import torch
+
+    from bench.gpu.cifar10 import airbench_files, cifar_folder
+    from recipes.cifar10 import cifar_files
+
+    _, bench = small_bench(cifar_train=64, cifar_test=32)
+    folder = airbench_files(bench)
+    train = torch.load(folder / "cifar10" / "train.pt", weights_only=True)
+    test = torch.load(folder / "cifar10" / "test.pt", weights_only=True)
+    assert train["images"].shape == (64, 32, 32, 3) and test["images"].shape == (32, 32, 32, 3)
+    assert train["images"].dtype == torch.uint8 and train["labels"].dtype == torch.int64
+    assert len(train["classes"]) == 10
+    images, labels = cifar_files.read_split(cifar_folder(bench), True)
+    assert torch.equal(train["images"].permute(0, 3, 1, 2), images)
+    assert torch.equal(train["labels"], labels)
