@@ -1,7 +1,7 @@
 """`make publish` / `python -m launch publish` on a real digits run: read back through
 TensorBoard's EventAccumulator and MLflow's client (a sqlite tracking URI), every scalar of
 metrics.jsonl at its step; publishing again adds nothing; a changed run replaces its
-publication."""
+publication. And log.tensorboard: the same scalars written live by the engine."""
 
 import json
 import subprocess
@@ -24,9 +24,11 @@ SHORT = ["train.max_steps=24", "log.every_steps=4"]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, train_here) -> Path:
-    """One short digits run and its report (a chart and a Markdown file beside it)."""
+    """One short digits run, stopped at step 8 and resumed, written live to TensorBoard too
+    (log.tensorboard), and its report (a chart and a Markdown file beside it)."""
     root = tmp_path_factory.mktemp("runs")
-    train_here(root, "pub", *SHORT)
+    train_here(root, "pub", *SHORT, "log.tensorboard=true", "train.stop_at_step=8")
+    train_here(root, "pub", *SHORT, "log.tensorboard=true")
     path = helpers.run_dir(root, "pub")
     assert cli.main(["report", str(path)], env={}) == 0
     return path
@@ -70,6 +72,16 @@ def read_tensorboard(folder: Path):
 
     keep_all = {ea.TENSORS: 0, ea.IMAGES: 0, ea.SCALARS: 0}
     acc = ea.EventAccumulator(str(folder), size_guidance=keep_all)
+    acc.Reload()
+    return acc
+
+
+def as_tensorboard_shows(folder: Path):
+    """The accumulator TensorBoard's server reads a run with: it also drops, at a restart's
+    mark, the tensor-format scalars written after it (the one above keeps those)."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+
+    acc = pea.EventAccumulator(str(folder), size_guidance={pea.TENSORS: 0})
     acc.Reload()
     return acc
 
@@ -148,6 +160,47 @@ def test_make_publish_writes_tensorboard_beside_the_runs_and_refuses_a_foreign_f
     assert again.returncode == 2 and "holds the publication of another run" in again.stderr
     said = [line for line in again.stderr.splitlines() if not line.startswith("make: ")]
     assert len(said) == 1 and said[0].startswith("launch: "), again.stderr
+
+
+def test_log_tensorboard_writes_every_scalar_live_once_across_a_resume(run):
+    """The engine's own events (log.tensorboard=true), from both starts of the run: each
+    record's numbers at its step, each step once."""
+    got = tensorboard_series(as_tensorboard_shows(run / "tensorboard"))
+    want = expected(run)
+    assert [s for s, _ in want["train/loss"]] == [4, 8, 12, 16, 20, 24]
+    assert len(list((run / "tensorboard").glob("events.*"))) == 2  # one file per start
+    assert got == {
+        tag: [(s, float(np.float32(v))) for s, v in points] for tag, points in want.items()
+    }
+
+
+def test_log_tensorboard_after_a_crash_shows_the_steps_trained_again_once(tmp_path):
+    """Records after the checkpoint (step 8) were written, then the run died: the resumed
+    start's mark makes TensorBoard drop them, and its own records count."""
+    from engine.tracking import LiveTensorBoard
+
+    first = LiveTensorBoard(tmp_path, resume_step=0)
+    for step in (4, 8, 12):
+        first.write({"kind": "train", "step": step, "loss": float(step)})
+    first.close()
+    second = LiveTensorBoard(tmp_path, resume_step=8)
+    for step in (12, 16):
+        second.write({"kind": "train", "step": step, "loss": step + 0.5})
+    second.write({"kind": "world_size", "step": 16, "from": 1, "to": 2})  # an event: not shown
+    second.close()
+    got = tensorboard_series(as_tensorboard_shows(tmp_path / "tensorboard"))
+    assert got == {"train/loss": [(4, 4.0), (8, 8.0), (12, 12.5), (16, 16.5)]}
+
+
+def test_log_tensorboard_without_the_package_is_one_line_in_preflight(monkeypatch):
+    from engine.config import ConfigError, LogConfig
+    from engine.tracking import tensorboard_check
+
+    tensorboard_check(LogConfig(tensorboard=True))  # installed: nothing said
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    tensorboard_check(LogConfig())  # off: never looked for
+    with pytest.raises(ConfigError, match=r"pip install tensorboard .*log.tensorboard=false"):
+        tensorboard_check(LogConfig(tensorboard=True))
 
 
 # ---------------------------------------------------------------- MLflow
