@@ -9,7 +9,7 @@
 # launch's defaults: RECIPE digits, NODES 1, PROCS 1; GPUS: this machine's for train, the
 # recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
-export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT RUN FOLLOW
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT RUN FOLLOW TO
 # From another machine: REMOTE=user@login REMOTE_DIR=recipes make submit (or sweep
 # TARGET=submit, status, logs, cancel) copies the code there and runs the same command over
 # ssh (README: "From your laptop"); REMOTE_PYTHON and REMOTE_SSH as launch/remote.py says.
@@ -24,7 +24,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare reproduce report export bench lint dry-run venv lock clean status logs cancel
+.PHONY: train eval recipes config test test-fast submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -102,6 +102,13 @@ cancel: $(STAMP)
 report: $(STAMP)
 	@$(PY) -m launch report
 
+# Runs published to TensorBoard or MLflow: every scalar at its step, the config, summary.json
+# and the reports as hparams/params and artifacts; publishing again adds nothing:
+#   make publish RUNS="runs/digits/a runs/digits/b" TO=tensorboard   (runs/digits/tensorboard/)
+#   make publish RUNS=runs/digits/a TO=mlflow:sqlite:///mlflow.db      (TO=mlflow: runs/digits/mlflow.db)
+publish: $(STAMP)
+	@$(PY) -m launch publish
+
 # A checkpoint's weights as a plain state dict for a single-process model:
 # make export CKPT=<step-N.pt, sharded step-N/ or run dir> OUT=<file.pt|file.safetensors>
 # (EMA=1: the average of the weights; BEST=1: a run dir's best checkpoint, not its newest;
@@ -161,7 +168,7 @@ image-digest:
 # Resolve pyproject's dependencies and extras afresh and write exact versions to the lock.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0 ".[dev,timm]"
+	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0 ".[dev,timm,publish]"
 	{ head -n 2 requirements.lock; .lock-venv/bin/pip freeze --exclude recipes; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 

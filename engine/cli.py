@@ -38,7 +38,13 @@ from engine.score import score
 from engine.setup import amp_dtype
 from engine.spawn import spawn_local
 from engine.tasks import check_supported, task_of
-from engine.tracking import redact, wandb_env_overrides, wandb_missing_note, wandb_mode
+from engine.tracking import (
+    redact,
+    tensorboard_check,
+    wandb_env_overrides,
+    wandb_missing_note,
+    wandb_mode,
+)
 from engine.train import PeerFailure, train
 from engine.weights import sources
 
@@ -334,6 +340,7 @@ def preflight(cfg: C.Config, *world_sizes: int, training: bool = True) -> None:
         run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
     wandb_mode(cfg.log)
+    tensorboard_check(cfg.log)
 
 
 def data_location(cfg: C.Config) -> str:

@@ -1,4 +1,5 @@
-"""What a run leaves behind: metrics.jsonl, env.json, a W&B run, a progress display.
+"""What a run leaves behind: metrics.jsonl, env.json, a W&B run, TensorBoard events
+(log.tensorboard), a progress display.
 Only rank 0 creates these; other ranks get a Tracker that does nothing.
 
 W&B never stops training: `auto` falls back to offline when W&B cannot be reached and is off
@@ -272,6 +273,58 @@ def _record(line: str) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+# ---------------------------------------------------------------- TensorBoard, live
+
+TENSORBOARD_KINDS = ("train", "eval")  # the records of a step's metrics
+
+
+def tensorboard_check(cfg: LogConfig) -> None:
+    """log.tensorboard without the tensorboard package: a one-line error in preflight."""
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "log.tensorboard=true but tensorboard is not installed: pip install tensorboard "
+            "(the project's requirements.lock has it), or set log.tensorboard=false"
+        )
+
+
+class LiveTensorBoard:
+    """log.tensorboard: every numeric field of each train and eval record as a TensorBoard
+    scalar (<kind>/<field>, as make publish and W&B name them) at its step, in
+    <run dir>/tensorboard/, through tensorboard's own event file writer (not
+    torch.utils.tensorboard). Each start is marked at the step after its checkpoint:
+    TensorBoard drops what an earlier start wrote from there on (those steps are trained
+    again), so a step is never shown twice."""
+
+    def __init__(self, run_dir: Path, resume_step: int):
+        from tensorboard.compat.proto import event_pb2  # optional: log.tensorboard only
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb  # optional: as above
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # optional
+
+        self.event_pb2, self.scalar_pb = event_pb2, scalar_pb
+        self.writer = EventFileWriter(str(run_dir / "tensorboard"), flush_secs=10)
+        # Every start marks itself (TensorBoard takes the first mark as the run's start): the
+        # first step it trains, the one after its checkpoint.
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._add(event_pb2.Event(step=resume_step + 1, session_log=start))
+
+    def _add(self, event: Any) -> None:
+        event.wall_time = time.time()
+        self.writer.add_event(event)
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind = record["kind"]
+        if kind not in TENSORBOARD_KINDS:
+            return
+        event = self.event_pb2.Event(step=record["step"])
+        for key, value in record.items():
+            if key not in ("kind", "step") and type(value) in (int, float):
+                event.summary.value.extend(self.scalar_pb(f"{kind}/{key}", value).value)
+        self._add(event)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class Tracker:
     """Rank 0's writer. Other ranks use NullTracker."""
 
@@ -289,6 +342,7 @@ class Tracker:
             log(note)
         if mode != "off":
             self.wandb = self._start_wandb(cfg, mode, redact(config))
+        self.tensorboard = LiveTensorBoard(run_dir, resume_step) if cfg.tensorboard else None
 
     @staticmethod
     def _truncate_after(path: Path, step: int) -> int:
@@ -389,6 +443,8 @@ class Tracker:
     def write(self, record: dict[str, Any]) -> None:
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
         if self.wandb is not None:
             prefix = record["kind"]
             data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step")}
@@ -404,6 +460,8 @@ class Tracker:
 
     def close(self) -> None:
         self.metrics.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.wandb is not None:
             try:
                 self.wandb.finish()

@@ -18,7 +18,7 @@ Environment (all optional):
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
   RECIPES_DIR (where recipes are looked up; default <repo>/recipes)
-  RUNS (report, compare: the run directories, space-separated, when none are given as
+  RUNS (report, compare, publish: the run directories, space-separated, when none are given as
   arguments; a word with * or ? is expanded)
   SWEEP (sweep: a sweep file: grid, zip, baseline, seeds, name)  BASELINE (sweep, compare:
   the baseline cell, e.g. 'optim.lr=0.1')  PARALLEL (sweep under SLURM: array tasks at once)
@@ -29,6 +29,8 @@ Environment (all optional):
   with REMOTE)  REMOTE_PYTHON (.venv/bin/python in REMOTE_DIR)  REMOTE_SSH (ssh -o BatchMode=yes)
   RUNS (status: run directories or patterns; default every run under runs/<RECIPE or any>/*)
   RUN (logs, cancel: the run directory)  FOLLOW (logs: 1 follows the log until the run ends)
+  TO (publish: tensorboard[:DIR] or mlflow[:URI]; RUNS as for report)
+  MLFLOW_TRACKING_URI (publish TO=mlflow without a URI: where; else a sqlite file beside the runs)
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import NoReturn
 from engine.config import description
 from engine.rundir import run_config_of
 from launch import check, remote, render, request, snapshot, watch
-from launch.analysis import compare, report, reproduce, sweep
+from launch.analysis import compare, publish, report, reproduce, sweep
 from launch.errors import UserError, printable
 from launch.render import Request
 from launch.request import ROOT, SLURM_FLAGS
@@ -83,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         "rerun the results recipes/<recipe>/results.yaml records and check them, bit for bit "
         "on the recorded hardware, else by Welch's t-test. status (env RUNS, "
         "RECIPE): each run's state, job, step, evaluation and last log line; logs (env RUN, "
-        "FOLLOW=1): its last log lines; cancel (env RUN): stop it with a checkpoint.",
+        "FOLLOW=1): its last log lines; cancel (env RUN): stop it with a checkpoint. "
+        "publish RUN_DIR... (env RUNS, TO=tensorboard[:DIR]|mlflow[:URI]): every scalar at its "
+        "step, the config, summary and charts, to TensorBoard or MLflow; again: nothing added.",
     )
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")
@@ -115,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm", action="store_true", help="sweep: submit a SLURM job array")
     p.add_argument("--no-wait", action="store_true", help="sweep --slurm: submit and return")
     p.add_argument("--report", metavar="NAME", help="sweep: only (re)write sweep NAME's report")
+    p.add_argument("--to", help="publish: tensorboard[:DIR] or mlflow[:URI] (env TO)")
     for name, (flag, env) in SLURM_FLAGS.items():
         p.add_argument(flag, dest=name, help=f"SLURM (env {env})")
     p.add_argument(
@@ -290,6 +295,10 @@ def cmd_report(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
     return report.main(args, env, dry=request.is_dry(args, env))
 
 
+def cmd_publish(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    return publish.main(args, env, dry=request.is_dry(args, env))
+
+
 def cmd_compare(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     return compare.main(args, env, dry=request.is_dry(args, env))
 
@@ -332,6 +341,7 @@ HANDLERS: dict[str, Handler] = {
     "recipes": cmd_recipes,
     "report": cmd_report,
     "compare": cmd_compare,
+    "publish": cmd_publish,
     "reproduce": cmd_reproduce,
     "status": cmd_watch,
     "logs": cmd_watch,

@@ -168,6 +168,9 @@ class LogConfig:
     entity: str | None = None  # the W&B user or team; null: the account's default
     progress: Literal["auto", "bar", "plain", "off"] = "auto"  # auto: a bar on a terminal
     sample_ids: bool = False  # write each step's global sample ids to samples.jsonl (tests)
+    # Also write each train and eval record's numbers as TensorBoard scalars as they come, to
+    # <run dir>/tensorboard/ (tensorboard's event file writer; make publish does it afterwards)
+    tensorboard: bool = False
     # Peak dense TFLOP/s of one device, for MFU; 0: from the GPU's name (bf16 datasheet
     # figure of known GPUs), no MFU on CPU.
     peak_tflops: float = bounded(0.0, ge=0)
