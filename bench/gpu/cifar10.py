@@ -158,7 +158,7 @@ def import_airbench(bench: Bench):
     if bench.device.type != "cuda":
         raise Skip("airbench needs CUDA: it calls .cuda() and .half()")
     try:
-        import airbench
+        import airbench  # optional: carried to the GPU machine as a wheel (make gpu-wheels)
     except ImportError as err:
         raise Skip(
             f"airbench cannot be imported ({err}): make gpu-wheels puts {AIRBENCH_PIN} in "
@@ -207,7 +207,7 @@ def airbench_figures(rows: list[dict], steps: int) -> dict:
 
 def airbench94(bench: Bench) -> dict:
     airbench = import_airbench(bench)
-    from airbench import lib_airbench94
+    from airbench import lib_airbench94  # optional: as above, imported once airbench is
 
     folder = airbench_files(bench)
     opt = lib_airbench94.hyp["opt"]
