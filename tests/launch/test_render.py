@@ -169,6 +169,8 @@ def test_docker_run_gpus_mounts_user_and_secrets_by_name(monkeypatch):
     assert "RECIPES_DATA=/data" in envs
     assert not any("s3cret" in a for a in argv)
     inner = argv[argv.index("img:1") + 1 :]
+    assert inner[: len(FLIGHT_RECORDER)] == FLIGHT_RECORDER  # NCCL's, set inside
+    inner = inner[len(FLIGHT_RECORDER) :]
     assert inner[:5] == [
         "python",
         "-m",
@@ -306,7 +308,7 @@ def test_apptainer_exec_nv_only_with_gpus(gpus, nv):
     assert ("--nv" in argv) is nv
     assert argv[argv.index("--bind") + 1] == "/src:/workspace,/src/data:/data"
     assert argv[argv.index("--pwd") + 1] == "/workspace"
-    assert argv[argv.index("/img/r.sif") + 1] == "python"
+    assert argv[argv.index("/img/r.sif") + 1] == ("env" if gpus > 1 else "python")  # NCCL's
 
 
 def documented_commands(path: Path) -> list[str]:
