@@ -2,6 +2,7 @@
 that makes progress, a first step that has not ended), and dist.hang_s=0 starting nothing.
 The real two-process hang is tests/distributed/test_hang.py."""
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -85,6 +86,45 @@ def test_a_stalled_process_dumps_every_thread_and_says_one_line(tmp_path, capfd)
     assert "wait_for" in stack  # this test's main thread, seen from the watchdog's
     err = capfd.readouterr().err.strip().splitlines()
     assert err[-1] == f"error: {dog.line}" and "after step 1" in dog.line
+
+
+def test_a_rank_waits_while_another_progresses_alone_then_asks_all_and_names_itself(
+    tmp_path, capfd
+):
+    """Rank 0's watch, rank 1 played by the test through its files: while rank 1 makes
+    progress alone (e.g. writes files the others wait for), no dump; once nothing moves, rank
+    0 asks every rank for its stack, waits for rank 1's and, the lowest, says the line."""
+    hang.reset()
+    folder = tmp_path / "r1" / "hang"
+    folder.mkdir(parents=True)
+
+    def rank1(dumped=False):
+        facts = {"rank": 1, "marks": 3, "what": "checkpoint", "step": 2, "time": time.time()}
+        (folder / "heartbeat-rank1.json").write_text(json.dumps(facts | {"dumped": dumped}))
+
+    rank1()
+    dog = hang.Watchdog(folder, 1.0, rank=0, world=2, isolate=False)
+    dog.start()
+    hang.beat("step", 2)
+    hang.beat("after step", 2)
+    try:
+        for _ in range(25):  # 2.5 s: longer than hang_s, rank 1 moving all along
+            rank1()
+            time.sleep(0.1)
+        assert dog.exit_code is None and not (folder / hang.REQUEST).exists()
+        assert wait_for(lambda: (folder / hang.REQUEST).exists(), 10)
+        rank1(dumped=True)  # rank 1 answers with its stack
+        assert wait_for(lambda: dog.exit_code is not None, 10)
+    finally:
+        dog.stop()
+    assert dog.line.startswith(
+        "hang: rank 0 stopped after step 2 and did not reach the checkpoint at step 2, where "
+        "rank 1 waits (no progress for 1s, dist.hang_s); every rank's Python stack is in "
+    )
+    assert capfd.readouterr().err.strip().splitlines()[-1] == f"error: {dog.line}"
+    assert (folder / hang.REPORTED).exists() and (folder / "rank0.txt").exists()
+    mine = json.loads((folder / "heartbeat-rank0.json").read_text())
+    assert mine["dumped"] and (mine["marks"], mine["what"], mine["step"]) == (2, "after step", 2)
 
 
 def test_progress_keeps_it_quiet_and_an_unfinished_first_step_is_not_timed(tmp_path):
