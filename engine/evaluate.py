@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine import distributed as D
+from engine import hang
 from engine.data.loaders import eval_loader
 from engine.data.prefetch import finish_ahead
 from engine.run import Run
@@ -17,6 +18,7 @@ from engine.tracking import ProgressBar
 
 def run_eval(run: Run, bar: ProgressBar) -> dict:
     """Evaluate the model (and its EMA), record the result and say it in one line."""
+    hang.beat("evaluation", run.progress.step)
     result = evaluate(run, run.net.eval_model)
     if run.net.ema is not None:
         averaged = evaluate(run, run.net.ema.module)
@@ -98,6 +100,7 @@ def sum_batches(run: Run, model: nn.Module, loader, names: list[str]):
     # thrown away).
     passes = D.max_over_ranks(len(loader), device) if run.net.strategy.shards else len(loader)
     for batch in loader:
+        hang.touch()  # progress for the hang watchdog: no system call
         if run.cfg.log.sample_ids:
             seen += batch.index.tolist()
         x, y = run.to_device(batch.x, batch.y, run.feed.eval_data)

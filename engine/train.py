@@ -18,8 +18,8 @@ from torch.profiler import record_function
 from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
+from engine import hang, preempt, rundir
 from engine import parallel as P
-from engine import preempt, rundir
 from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
 from engine.data.stages import STAGES
@@ -164,10 +164,12 @@ def train_epoch(run: Run, bar: ProgressBar) -> str | None:
         if profiling is not None:
             profiling.step_begins(st.step + 1)
         micro = take_batches(run, batches, meter)
+        hang.beat("step", st.step + 1)  # the watchdog's marks: no system call
         stepped = time.perf_counter()
         loss, norm = train_step(run, micro)
         meter.step += time.perf_counter() - stepped
         st.step += 1
+        hang.beat("after step", st.step)
         st.position += plan.global_batch
         meter.add(loss, norm, plan.global_batch)
         if profiling is not None:
@@ -227,6 +229,7 @@ def log_window(run: Run, meter: Meter) -> dict:
 
 def stop_reason(run: Run) -> str | None:
     inject_after_step(run.cfg.fault, run.progress.step, run.denv.rank)
+    hang.beat("stop check", run.progress.step)  # before the agreement's collective
     stop_at = run.cfg.train.stop_at_step
     if stop_at and run.progress.step == stop_at and run.progress.step < run.progress.total_steps:
         return "stop_at_step"
@@ -297,6 +300,7 @@ def end_epoch(run: Run, bar: ProgressBar) -> None:
 
 def checkpoint(run: Run) -> None:
     """Save the run (a collective), never weights that took a non-finite step."""
+    hang.beat("checkpoint", run.progress.step)
     check_finite(run)
     flush_bad_count(run)
     checkpoint_state.save(run)
@@ -347,7 +351,7 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
             return 0
         run = setup(cfg, recipe, denv, device)
         record_state(run, "running")
-        reason = fit_or_explain(run)
+        reason = fit_watched(run, holds_dir=lock is not None)
         return conclude(run, reason, time.perf_counter() - started)
     except BaseException as err:
         if lock is not None:  # rank 0, holding the run directory
@@ -398,6 +402,14 @@ def finished_at(cfg: C.Config, run_dir: Path) -> int | None:
     wanted = cfg.train.max_steps
     done = steps >= wanted if wanted else epochs >= cfg.train.epochs
     return steps if done else None
+
+
+def fit_watched(run: Run, holds_dir: bool) -> str | None:
+    """fit_or_explain() under the hang watchdog (engine.hang, dist.hang_s): a rank that makes
+    no progress ends the run in one line, which rank 0 also records as the run's failure."""
+    said = (lambda why: record_failure(run, run.run_dir, RunError(why))) if holds_dir else None
+    with hang.watch(run.run_dir, run.cfg.dist.hang_s, run.denv, said):
+        return fit_or_explain(run)
 
 
 def fit_or_explain(run: Run) -> str | None:

@@ -36,6 +36,9 @@ ULIMITS = ("memlock=-1", "stack=67108864")
 INFINIBAND = "/dev/infiniband"  # the host's RDMA devices, for NCCL across nodes
 # torchrun's switch from one store shared by every rendezvous round to one per round.
 FRESH_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# NCCL's flight recorder: the last collectives of each rank, dumped into the run directory's
+# hang/ (beside the engine's stack dumps) when a collective times out. gloo ignores them.
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,22 @@ def engine_args(req: Request) -> list[str]:
     return [req.recipe, *added, *req.engine_flags, *req.overrides]
 
 
+def flight_recorder_env(req: Request) -> dict[str, str]:
+    """The flight recorder's settings where NCCL may run (GPUs, several processes), else none."""
+    if not req.gpus or max(req.world_sizes) < 2:
+        return {}
+    dump = posixpath.join(req.run_dir, "hang", "nccl_trace_rank_")  # + the rank, by torch
+    return {**FLIGHT_RECORDER, "TORCH_FR_DUMP_TEMP_FILE": dump}
+
+
+def flight_recorder_items(req: Request) -> list[str]:
+    return [f"{k}={v}" for k, v in flight_recorder_env(req).items()]
+
+
+def _env(items: list[str]) -> list[str]:
+    return ["env", *items] if items else []
+
+
 def is_one_process(req: Request) -> bool:
     """One engine process and nothing around it: no torchrun, no restarts."""
     return req.most_nodes == 1 and req.procs_per_node == 1 and not req.max_restarts
@@ -153,17 +172,25 @@ def engine_command(req: Request, python: str) -> list[str]:
         return [python, *module]
     torchrun = [python, "-m", "torch.distributed.run"]
     restarts = [f"--max-restarts={req.max_restarts}"] if req.max_restarts else []
+    recorder = flight_recorder_items(req)
     if req.most_nodes == 1:
-        return [*torchrun, "--standalone", f"--nproc_per_node={n}", *restarts, *module]
+        return [
+            *_env(recorder),
+            *torchrun,
+            "--standalone",
+            f"--nproc_per_node={n}",
+            *restarts,
+            *module,
+        ]
     if not req.rdzv_endpoint:
         raise ValueError("nodes > 1 needs rdzv_endpoint (HOST:PORT of the first node)")
     # An elastic range: each rendezvous round's workers meet in a store of their own, hosted
     # by that round's rank 0. torchrun's shared store lives in the first round's rank-0 agent:
     # when that node dies, the survivors' next round waits on it until it times out.
-    fresh_store = ["env", f"{FRESH_STORE}=1"] if req.elastic else []
+    fresh_store = [f"{FRESH_STORE}=1"] if req.elastic else []
     nnodes = f"{req.nodes}:{req.max_nodes}" if req.elastic else str(req.nodes)
     return [
-        *fresh_store,
+        *_env([*fresh_store, *recorder]),
         *torchrun,
         f"--nnodes={nnodes}",
         f"--nproc_per_node={n}",
@@ -193,6 +220,12 @@ def code_environment(req: Request) -> dict[str, str]:
         "PYTHONSAFEPATH": "1",  # the working directory (the checkout) is never on sys.path
         "RECIPES_DATA": _host(req, req.data),  # the default data root stays the checkout's
     }
+
+
+def job_exports(req: Request) -> list[str]:
+    """A batch script's export lines: the code snapshot's, then the flight recorder's."""
+    recorder = [f"export {k}={shlex.quote(v)}" for k, v in flight_recorder_env(req).items()]
+    return [*code_exports(req), *recorder]
 
 
 def code_exports(req: Request) -> list[str]:
@@ -302,12 +335,20 @@ def pyxis(req: Request) -> list[str]:
         f"--container-image={req.image}",
         f"--container-mounts={mounts}",
         f"--container-workdir={WORKDIR}",
-        f"--export={','.join(['ALL', f'RECIPES_DATA={DATA_MOUNT}', *container_code_env(req)])}",
+        f"--export={','.join(['ALL', f'RECIPES_DATA={DATA_MOUNT}', *container_env(req)])}",
         "python",
         "-m",
         "engine.train",
         *engine_args(req),
     ]
+
+
+def container_env(req: Request) -> list[str]:
+    """srun --export's NAME=value items: the code snapshot's and the flight recorder's."""
+    recorder = flight_recorder_items(req)
+    if any("," in item for item in recorder):
+        raise ValueError(f"the run directory cannot contain a comma: {req.run_dir!r}")
+    return [*container_code_env(req), *recorder]
 
 
 def container_code_env(req: Request) -> list[str]:
@@ -399,7 +440,7 @@ def sbatch_script(req: Request) -> str:
         *(_directive(k, v) for k, v in directives.items() if v is not None),
         "",
         *s.setup,
-        *code_exports(req),
+        *job_exports(req),
     ]
     if s.cpus_per_task:  # srun does not inherit --cpus-per-task from sbatch (Slurm >= 22.05)
         lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')

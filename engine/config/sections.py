@@ -203,6 +203,11 @@ class DistConfig:
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
     init_method: str = "env://"  # or tcp://host:port, file:///shared/path
     timeout_s: float = bounded(600.0, gt=0)  # how long a collective waits for the other ranks
+    # > 0: a rank whose training makes no progress (steps, evaluation batches, checkpoints)
+    # for this many seconds writes every thread's Python stack to <run dir>/hang/, one line
+    # names the ranks behind and the step, and the run exits 1. Below timeout_s, so it comes
+    # before the collective's timeout. 0: off.
+    hang_s: float = bounded(300.0, ge=0)
     # Guarded: batch statistics over all ranks are another computation, not safe on resume.
     sync_bn: bool = guarded(False)  # batch norm statistics over all processes (SyncBatchNorm)
     find_unused_parameters: bool = False  # ddp: for models that leave parameters unused

@@ -23,6 +23,13 @@ def req(**kw) -> Request:
     return Request(**{**base, **kw})
 
 
+# NCCL's flight recorder, where NCCL may run (tests/launch/test_flight_recorder.py)
+FLIGHT_RECORDER = [
+    "env", "TORCH_FR_BUFFER_SIZE=2000", "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
+    "TORCH_FR_DUMP_TEMP_FILE=runs/digits/RUN/hang/nccl_trace_rank_",
+]  # fmt: skip
+
+
 def count(argv, item):
     return sum(1 for a in argv if a == item)
 
@@ -43,7 +50,7 @@ def test_one_gpu_is_plain_python_on_the_default_device():
 def test_gpus_above_one_is_torchrun_standalone_one_process_per_gpu():
     argv = render.local(req(gpus=8, overrides=("optim.lr=0.2",)))
     assert argv == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
+        *FLIGHT_RECORDER, PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
         "-m", "engine.train", "digits", "run.name=RUN", "optim.lr=0.2",
     ]  # fmt: skip
     assert "device=cpu" not in argv
@@ -58,7 +65,7 @@ def test_cpu_processes_are_torchrun_standalone_with_device_cpu():
 def test_multi_node_is_c10d_rendezvous_without_node_rank():
     argv = render.local(req(gpus=4, nodes=3, rdzv_endpoint="node1:29500"))
     assert argv == [
-        PY, "-m", "torch.distributed.run", "--nnodes=3", "--nproc_per_node=4",
+        *FLIGHT_RECORDER, PY, "-m", "torch.distributed.run", "--nnodes=3", "--nproc_per_node=4",
         "--rdzv_backend=c10d", "--rdzv_endpoint=node1:29500", "--rdzv_id=RUN",
         "-m", "engine.train", "digits", "run.name=RUN",
     ]  # fmt: skip
@@ -162,6 +169,8 @@ def test_docker_run_gpus_mounts_user_and_secrets_by_name(monkeypatch):
     assert "RECIPES_DATA=/data" in envs
     assert not any("s3cret" in a for a in argv)
     inner = argv[argv.index("img:1") + 1 :]
+    assert inner[: len(FLIGHT_RECORDER)] == FLIGHT_RECORDER  # NCCL's, set inside
+    inner = inner[len(FLIGHT_RECORDER) :]
     assert inner[:5] == [
         "python",
         "-m",
@@ -206,7 +215,8 @@ def test_docker_multi_node_gpus_exact_argv_as_nvidia_runs_pytorch():
         "--gpus=8", "--network=host", "--device=/dev/infiniband", "-u", "1000:1000",
         "-v", "/src:/workspace", "-v", "/src/data:/data",
         "-w", "/workspace", "-e", "RECIPES_DATA=/data", *env_flags(names),
-        "img:1", "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=8",
+        "img:1", *FLIGHT_RECORDER, "python", "-m", "torch.distributed.run", "--nnodes=2",
+        "--nproc_per_node=8",
         "--rdzv_backend=c10d", "--rdzv_endpoint=n1:29500", "--rdzv_id=RUN",
         "-m", "engine.train", "digits", "run.name=RUN",
     ]  # fmt: skip
@@ -298,7 +308,7 @@ def test_apptainer_exec_nv_only_with_gpus(gpus, nv):
     assert ("--nv" in argv) is nv
     assert argv[argv.index("--bind") + 1] == "/src:/workspace,/src/data:/data"
     assert argv[argv.index("--pwd") + 1] == "/workspace"
-    assert argv[argv.index("/img/r.sif") + 1] == "python"
+    assert argv[argv.index("/img/r.sif") + 1] == ("env" if gpus > 1 else "python")  # NCCL's
 
 
 def documented_commands(path: Path) -> list[str]:
@@ -408,7 +418,7 @@ def calls(log: Path) -> list[list[str]]:
 def run_bash(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    for name in ("srun", "scontrol", "python", "docker", "apptainer"):
+    for name in ("srun", "scontrol", "python", "docker", "apptainer", "env"):
         fake_bin(bindir, name)
     full = {
         "PATH": f"{bindir}:/usr/bin:/bin",

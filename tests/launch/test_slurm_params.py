@@ -56,7 +56,13 @@ def test_parameters_of_a_multi_node_gpu_job():
         "constraint": "h100",
         "exclude": "bad1",
         "signal_delay_s": 300,
-        "setup": ["module load cuda", 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'],
+        "setup": [
+            "module load cuda",
+            "export TORCH_FR_BUFFER_SIZE=2000",  # NCCL's flight recorder, into the run's hang/
+            "export TORCH_NCCL_DUMP_ON_TIMEOUT=1",
+            "export TORCH_FR_DUMP_TEMP_FILE=runs/digits/RUN/hang/nccl_trace_rank_",
+            'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"',
+        ],
         "additional_parameters": {"requeue": True, "chdir": "/src"},
     }
 
