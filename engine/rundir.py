@@ -53,8 +53,11 @@ def run_config_of(weights: Path) -> Path | None:
     (an export, a downloaded file)."""
     for folder in [weights, *list(weights.parents)[:3]]:
         saved = folder / "config.yaml"
-        if saved.is_file() and (folder / "checkpoints").is_dir():
-            return saved
+        try:
+            if saved.is_file() and (folder / "checkpoints").is_dir():
+                return saved
+        except OSError:  # a name too long for the file system: no run there
+            continue
     return None
 
 

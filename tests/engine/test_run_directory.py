@@ -83,3 +83,9 @@ def test_a_live_run_is_refused_before_anything_says_resuming(tmp_path, capsys):
     assert "resuming" not in capsys.readouterr().err
     assert train_run(tmp_path, "live", "train.max_steps=2") == 0  # once it is free
     assert "resuming from" in capsys.readouterr().err
+
+
+def test_a_weights_path_too_long_for_the_file_system_belongs_to_no_run(tmp_path):
+    """`make eval CKPT=<a name longer than NAME_MAX>` said a traceback (ENAMETOOLONG from
+    the config lookup) where it must go on to the missing checkpoint's one line."""
+    assert rundir.run_config_of(tmp_path / ("x" * 5000)) is None
