@@ -194,7 +194,7 @@ def decode_stages(bench: Bench) -> dict:
             bench,
             f"decode_stages.{part}",
             f"decode stages: {part}",
-            lambda p=part, d=depth, c=cores: engine_part(bench, p, d, c),
+            lambda p=part, d=depth, c=cores: made(bench, p) and engine_part(bench, p, d, c),
             need_s=bench.need(8),
         )
     for part, share in SPLITS.items():
@@ -202,10 +202,18 @@ def decode_stages(bench: Bench) -> dict:
             bench,
             f"decode_stages.{part}",
             f"decode stages: {part}",
-            lambda p=part, s=share: split_part(bench, p, s),
+            lambda p=part, s=share: made(bench, p) and split_part(bench, p, s),
             need_s=bench.need(8),
         )
     return {}
+
+
+def made(bench: Bench, part: str) -> bool:
+    """True where the sizes make this run; else Skip, with the reason."""
+    runs = bench.sizes.stage_runs
+    if runs is not None and part not in runs:
+        raise Skip(f"this run's sizes make only {', '.join(runs)} of the engine runs")
+    return True
 
 
 def summary(entry: dict) -> list[str]:

@@ -20,7 +20,7 @@ import os
 import torch
 
 from bench.gpu.engine_runs import close_run, engine_run
-from bench.gpu.harness import Bench, attempt, get
+from bench.gpu.harness import Bench, Skip, attempt, get
 from engine.hardware import deterministic_flags
 from engine.seeding import set_deterministic
 from engine.train import fit
@@ -103,6 +103,13 @@ def determinism_part(bench: Bench, compiled: bool) -> dict:
     }
 
 
+def made(bench: Bench, compiled: bool) -> bool:
+    """True where the sizes make this mode's runs; else Skip, with the reason."""
+    if compiled and not bench.sizes.determinism_compiled:
+        raise Skip("this run's sizes leave the compiled runs out (a smoke run: eager only)")
+    return True
+
+
 def determinism(bench: Bench) -> dict:
     out = bench.entry("determinism")  # in the JSON from the start, the parts with it
     out["recipe"] = "imagenet, synthetic data, " + " ".join(bench.sizes.determinism_overrides)
@@ -112,7 +119,7 @@ def determinism(bench: Bench) -> dict:
             bench,
             f"determinism.{mode}",
             f"determinism, {mode}",
-            lambda c=compiled: determinism_part(bench, c),
+            lambda c=compiled: made(bench, c) and determinism_part(bench, c),
             need_s=bench.need(8 if not compiled else 15),
         )
     return {}

@@ -119,8 +119,12 @@ class Sizes:
     jpeg_windows: int = 8  # timed windows, after one discarded window of the second iterator
     stage_batches: int = 8  # timed batches of decode_stages' decode, augment, finish_thread
     stage_windows: int = 4  # timed windows of each decode_stages engine run (eager)
+    # the decode_stages engine runs and splits made (None: all); a smoke run proves the code
+    # of one per kind, not the grid
+    stage_runs: tuple[str, ...] | None = None
     determinism_steps: int = 12  # steps of each determinism run (one epoch; resumed halfway)
     determinism_batch: int = 64
+    determinism_compiled: bool = True  # also the compiled runs (a smoke run leaves them out)
     determinism_overrides: tuple[str, ...] = (
         "model.arch=resnet18",
         "data.augment.train_size=112",
@@ -172,8 +176,10 @@ SMOKE = Sizes(
     jpeg_windows=2,
     stage_batches=2,
     stage_windows=1,
-    determinism_steps=4,
+    stage_runs=("engine.ahead3_most_cores", "split.cpu_quarter"),
+    determinism_steps=2,
     determinism_batch=4,
+    determinism_compiled=False,
     determinism_overrides=(
         "model.arch=resnet18",
         "data.augment.train_size=64",

@@ -24,6 +24,7 @@ from bench.gpu.sizes import (
     BUDGET_S,
     MARGIN,
     PARTS,
+    SMOKE,
     TESTS_S,
     WATCHDOG_GRACE_S,
     Sizes,
@@ -299,11 +300,21 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
 
 
 def parts_that_run_on_a_cpu() -> list[str]:
-    """Every part's dotted name but those that need CUDA, and the decode split where this
-    checkout's config lacks data.cpu_decode_share."""
+    """Every part's dotted name but those that need CUDA, the decode_stages runs the smoke's
+    sizes leave out, and the decode split where this checkout's config lacks
+    data.cpu_decode_share."""
     keys = [f"{name}.{part}" for name, parts in PARTS.items() for part in parts]
     split = has_key("imagenet", "data.cpu_decode_share")
-    return [k for k in keys if k not in NEEDS_CUDA and (split or ".split." not in k)]
+    made = {f"decode_stages.{run}" for run in SMOKE.stage_runs}
+    engine_runs = ("decode_stages.engine.", "decode_stages.split.")
+    return [
+        k
+        for k in keys
+        if k not in NEEDS_CUDA
+        and (split or ".split." not in k)
+        and (not k.startswith(engine_runs) or k in made)
+        and (k != "determinism.compiled" or SMOKE.determinism_compiled)
+    ]
 
 
 def check_breakdown(entry: dict) -> None:
@@ -327,25 +338,29 @@ def check_jpeg_and_decode_stages(m: dict) -> None:
     for part in ("decode", "augment", "finish_thread"):
         assert stages[part]["img_per_s"] > 0 and stages[part]["timed_images"] > 0, stages[part]
     assert stages["finish_thread"]["thread_busy_share"] > 0
-    for part, depth in (("ahead1_half_cores", 1), ("ahead3_most_cores", 3)):
-        e = stages["engine"][part]
-        assert e["decode_ahead"] == depth and e["loader_workers"] >= 1 and e["img_per_s"] > 0
-        check_breakdown(e)
-    if not has_key("imagenet", "data.cpu_decode_share"):
-        for part in ("gpu_only", "cpu_quarter"):
-            assert "cpu_decode_share" in stages["split"][part]["reason"]
+    e = stages["engine"]["ahead3_most_cores"]  # smoke: one engine run and one split
+    assert e["decode_ahead"] == 3 and e["loader_workers"] >= 1 and e["img_per_s"] > 0
+    check_breakdown(e)
+    for part in ("ahead1_half_cores", "ahead3_half_cores", "ahead1_most_cores"):
+        assert stages["engine"][part]["status"] == "skipped", stages["engine"][part]
+    assert stages["split"]["gpu_only"]["status"] == "skipped"
+    split = stages["split"]["cpu_quarter"]
+    if has_key("imagenet", "data.cpu_decode_share"):
+        assert split["status"] == "ok" and split["img_per_s"] > 0, split
+    else:
+        assert "cpu_decode_share" in split["reason"]
 
 
 def check_determinism(entry: dict) -> None:
-    """On a CPU, with deterministic=true, runs and a stop/resume give the same weights."""
+    """On a CPU, with deterministic=true, runs and a stop/resume give the same weights (the
+    smoke's sizes make the eager runs only)."""
     assert entry["status"] == "ok", entry
-    for mode in ("eager", "compiled"):
-        e = entry[mode]
-        assert e["status"] == "ok" and e["compiled"] is (mode == "compiled"), e
-        for comparison in ("two_runs", "stop_resume"):
-            assert e[comparison] == {"equal": True, "max_abs_diff": 0.0}, (mode, e)
-        assert e["flags"]["algorithms"] is True
-    assert entry["compiled"]["torch_compile"]["frames_compiled"] >= 1
+    e = entry["eager"]
+    assert e["status"] == "ok" and e["compiled"] is False, e
+    for comparison in ("two_runs", "stop_resume"):
+        assert e[comparison] == {"equal": True, "max_abs_diff": 0.0}, e
+    assert e["flags"]["algorithms"] is True
+    assert entry["compiled"]["status"] == "skipped" and "eager only" in entry["compiled"]["reason"]
 
 
 STALLS = [  # (the part that stalls, --only, the parts measured before it)
