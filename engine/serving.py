@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
+import importlib
 import io
 import json
 import linecache
@@ -88,7 +88,12 @@ def check_packages(suffix: str) -> None:
     """.onnx needs onnx, onnxruntime and onnxscript; said before any checkpoint is read."""
     if suffix != ".onnx":
         return
-    missing = [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+    missing = []
+    for name in ONNX_PACKAGES:
+        try:
+            importlib.import_module(name)  # optional: only for .onnx
+        except ImportError:
+            missing.append(name)
     if missing:
         raise ServingError(
             f"writing .onnx needs {', '.join(missing)}, not installed: pip install "
