@@ -385,8 +385,8 @@ def describe(
     if "averaged_steps" in info:
         record["averaged_steps"] = info["averaged_steps"]
     if out.suffix == ".onnx":
-        import onnx
-        import onnxruntime
+        import onnx  # optional: only for .onnx (check_packages said it is there)
+        import onnxruntime  # optional: likewise
 
         record |= {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
     return record
