@@ -168,7 +168,7 @@ image-digest:
 # Resolve pyproject's dependencies and extras afresh and write exact versions to the lock.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0 ".[dev,timm,publish]"
+	.lock-venv/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0 ".[dev,timm,publish,serving]"
 	{ head -n 2 requirements.lock; .lock-venv/bin/pip freeze --exclude recipes; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 

@@ -16,6 +16,12 @@ num_batches_tracked) are the first checkpoint's; every checkpoint must hold the 
 with the same shapes and dtypes. With `--ema`, the mean of their EMAs. The metadata of a
 `.safetensors` OUT names the steps averaged (`averaged_steps`, the first one first).
 
+OUT ending in `.onnx` or `.pt2` exports the recipe's model itself with those weights, for
+serving (ONNX through torch.onnx's dynamo exporter, or a torch.export program), checked on
+the spot against the eager model on the recipe's held-out samples, the figures in
+`<OUT>.json`: engine/serving.py. A model that cannot be exported, a missing package or a failed
+check is one line and exit code 1.
+
 A user mistake is one line on stderr and exit code 2; OUT is written under a temporary
 name and renamed, so it is either complete or absent."""
 
@@ -32,6 +38,7 @@ from typing import Any
 import torch
 
 from engine import checkpoint as ckpt
+from engine import serving
 from engine.atomic import unwritable
 from engine.checkpoint import best as best_checkpoints
 from engine.config import ConfigError
@@ -54,10 +61,15 @@ def main(argv: list[str] | None = None) -> int:
             tensors, info = average(sources, args.ema)
         else:
             tensors, info = read_weights(sources[0], args.ema)
+        if out.suffix in serving.FORMATS:
+            return for_serving(sources, tensors, info, out, args.ema)
         write(tensors, out, info)
     except (ExportError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except serving.ServingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except OSError as err:  # reading a checkpoint (a write's error is an ExportError)
         where = err.filename or args.checkpoints[0]
         print(f"error: cannot read {where} ({err.strerror or err})", file=sys.stderr)
@@ -74,10 +86,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def for_serving(
+    sources: list[Path],
+    tensors: dict[str, torch.Tensor],
+    info: dict[str, Any],
+    out: Path,
+    ema: bool,
+) -> int:
+    """The recipe's model with these weights as a checked .onnx or .pt2 (engine.serving)."""
+    saved = _read_meta(sources[0]).get("config")
+    with serving.served(sources, saved, tensors, info.get("recipe", "")) as model:
+        line, _ = serving.export(model, out, info, ema)
+    print(line)
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m engine.export",
-        description="Export a checkpoint's weights to a plain .pt or .safetensors state dict.",
+        description="Export a checkpoint's weights to a plain .pt or .safetensors state dict, "
+        "or the recipe's model with them to a checked .onnx or .pt2 (torch.export) for serving.",
     )
     parser.add_argument(
         "checkpoints",
@@ -85,7 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="CKPT",
         help="step-N.pt file, sharded step-N/ directory, or run dir (several: with --average)",
     )
-    parser.add_argument("out", metavar="OUT", help="the file to write: *.pt or *.safetensors")
+    parser.add_argument(
+        "out", metavar="OUT", help="the file to write: *.pt, *.safetensors, *.onnx or *.pt2"
+    )
     parser.add_argument("--ema", action="store_true", help="export the EMA of the weights")
     parser.add_argument(
         "--best", action="store_true", help="a run dir's best checkpoint (best/), not its newest"
@@ -114,16 +144,22 @@ def check_request(args: argparse.Namespace) -> None:
 
 
 def check_out(out: Path, force: bool) -> Path:
-    if out.suffix not in SUFFIXES:
+    if out.suffix not in SUFFIXES + serving.FORMATS:
         raise ExportError(
-            f"{out}: unknown format {out.suffix or '(no suffix)'}; use .pt or .safetensors"
+            f"{out}: unknown format {out.suffix or '(no suffix)'}; use .pt or .safetensors "
+            "(weights), .onnx or .pt2 (the model, for serving)"
         )
     if out.suffix == ".safetensors":
         _save_safetensors()  # missing: said before any checkpoint is read
+    serving.check_packages(out.suffix)  # .onnx's packages, likewise
     if out.is_dir():
         raise ExportError(f"{out} is a directory; name the file to write")
-    if out.exists() and not force:
-        raise ExportError(f"{out} exists; pass --force (make export ... FORCE=1) to replace it")
+    beside = [out, serving.json_path(out)] if out.suffix in serving.FORMATS else [out]
+    for path in beside:
+        if path.exists() and not force:
+            raise ExportError(
+                f"{path} exists; pass --force (make export ... FORCE=1) to replace it"
+            )
     check_writable(out)
     return out
 

@@ -140,7 +140,7 @@ def test_user_mistakes_are_one_line_exit_2_and_leave_no_file(run, tmp_path, caps
         ([str(tmp_path / "missing.pt"), "o.pt"], "does not exist"),
         ([str(not_ckpt), "o.pt"], "is not a readable checkpoint"),
         ([str(empty_run), "o.pt"], "is not a checkpoint"),
-        ([str(run["file"]), "o.onnx"], "unknown format .onnx"),
+        ([str(run["file"]), "o.tflite"], "unknown format .tflite; use .pt or .safetensors"),
         ([str(run["file"]), str(existing)], "exists; pass --force (make export ... FORCE=1)"),
         ([str(run["file"]), str(blocked / "o.pt")], "(Not a directory); choose another OUT"),
         ([sharded_no_ema, "o.pt", "--ema"], "holds no EMA of the weights"),
