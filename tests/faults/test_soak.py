@@ -13,8 +13,9 @@ from tests.helpers import QUIET, REPO, engine_env, records, run_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
 KEEP = 2
+STEPS = 198  # 9 epochs of 22 steps: 66 checkpoints, 9 evaluations and loader restarts
 SOAK = [
-    "train.max_steps=300",  # 14 epochs of 22 steps: evaluation and loader restarts included
+    f"train.max_steps={STEPS}",
     "ckpt.every_steps=3",
     f"ckpt.keep={KEEP}",
     "log.every_steps=5",
@@ -57,9 +58,8 @@ def middle_and_last_thirds(series: list[tuple[int, int, int]]) -> tuple[list, li
     Samples taken once the last checkpoint is written are left out: the run's end (final
     evaluation, summary, teardown) is not a step that repeats, and a loaded machine once
     caught a process 90 MiB larger there."""
-    steps = int(SOAK[0].split("=")[1])
-    early = [(f, r) for step, f, r in series if steps / 3 <= step < 2 * steps / 3]
-    late = [(f, r) for step, f, r in series if 2 * steps / 3 <= step < steps]
+    early = [(f, r) for step, f, r in series if STEPS / 3 <= step < 2 * STEPS / 3]
+    late = [(f, r) for step, f, r in series if 2 * STEPS / 3 <= step < STEPS]
     return early, late
 
 
@@ -91,7 +91,7 @@ def test_a_long_two_process_run_keeps_files_descriptors_and_memory_bounded(tmp_p
     assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
 
     steps = [r["step"] for r in records(tmp_path, "soak", "train")]
-    assert steps == list(range(5, 301, 5))
+    assert steps == list(range(5, STEPS + 1, 5))
     assert most_files <= KEEP + 1  # kept checkpoints and at most one being written
     assert len(list(folder.iterdir())) == KEEP
     long_lived = [s for s in samples.values() if len(s) >= 30]
@@ -102,4 +102,4 @@ def test_a_long_two_process_run_keeps_files_descriptors_and_memory_bounded(tmp_p
         grown_mib = (max(r for _, r in late) - max(r for _, r in early)) / 1024
         assert grown_mib < 64, f"resident memory grew by {grown_mib:.0f} MiB"
     summary = json.loads((run_dir(tmp_path, "soak") / "summary.json").read_text())
-    assert summary["steps"] == 300 and summary["world_size"] == 2
+    assert summary["steps"] == STEPS and summary["world_size"] == 2
