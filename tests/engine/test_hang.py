@@ -88,6 +88,7 @@ def test_a_stalled_process_dumps_every_thread_and_says_one_line(tmp_path, capfd)
     assert err[-1] == f"error: {dog.line}" and "after step 1" in dog.line
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds
 def test_a_rank_waits_while_another_progresses_alone_then_asks_all_and_names_itself(
     tmp_path, capfd
 ):
@@ -127,6 +128,7 @@ def test_a_rank_waits_while_another_progresses_alone_then_asks_all_and_names_its
     assert mine["dumped"] and (mine["marks"], mine["what"], mine["step"]) == (2, "after step", 2)
 
 
+@pytest.mark.slow  # waits out real timeouts: seconds
 def test_progress_keeps_it_quiet_and_an_unfinished_first_step_is_not_timed(tmp_path):
     hang.reset()
     dog = hang.Watchdog(tmp_path / "hang", 1.0, isolate=False)
