@@ -12,7 +12,7 @@ holds it to that):
   config sections" (data.root, data.path, data.skip_bad, model.num_classes, model.weights,
   and the image pipeline's data.augment section);
 - attributes of its datasets, read only through the functions under "The datasets"
-  (classes, set_epoch, load_batch, finish_on_device, finishes_ahead).
+  (classes, set_epoch, load_batch, finish_on_device, finishes_ahead, fingerprint).
 
 This module imports neither torch nor the rest of the engine: the launcher (torch-free) and
 every layer of the engine read the contract from the same place."""
@@ -156,3 +156,10 @@ def device_finisher(dataset: Any) -> Callable[[Any, Any], Any] | None:
     """finish_on_device(batch, device): the batch finished on the device (uint8 images
     normalised, or JPEG bytes decoded there) instead of a plain copy."""
     return getattr(dataset, "finish_on_device", None)
+
+
+def fingerprinter(dataset: Any) -> Callable[[bool], dict] | None:
+    """fingerprint(content) -> dict: the dataset's own fingerprint of its data
+    (engine.data.fingerprint's form): a folder of files by its index, or with content=True
+    by the files' bytes; None: the engine's generic one (its tensors' bytes)."""
+    return getattr(dataset, "fingerprint", None)

@@ -20,7 +20,7 @@ from engine import parallel as P
 from engine import recipe as contract
 from engine import weights as home
 from engine.checkpoint.state import check_resumable, restore, resume_source
-from engine.data import shm
+from engine.data import fingerprint, shm
 from engine.data.device import DeviceImages
 from engine.data.loaders import SeededSamples, train_loader
 from engine.data.mix import build_mix
@@ -112,12 +112,15 @@ def setup(
     data = build_datasets(cfg, recipe)
     model = weights.build(recipe, cfg.model)
     code = D.broadcast_object(D.on_main(codeid.identity))  # git once, not on every rank
+    prints = D.broadcast_object(
+        D.on_main(lambda: fingerprint.of_run(*data, cfg.run.data_fingerprint))
+    )
     source = resume_source(cfg, run_dir)
     if source:
-        check_resumable(cfg, recipe, strategy, source, denv.is_main, code)
+        check_resumable(cfg, recipe, strategy, source, denv.is_main, code, prints)
     net = place_model(model, decided, data[0], source)
     run = assemble(decided, run_dir, net, data)
-    run.records.code = code
+    run.records.code, run.records.data = code, prints
     if source:
         restore(run, source)
         if denv.is_main:
@@ -125,8 +128,7 @@ def setup(
     if records:
         open_run_dir(run, mode)
         if source and denv.is_main:
-            record_world_change(run, source)
-            record_code_change(run, source)
+            record_changes(run, source)
     if denv.local_rank == 0:
         warn_shared_memory(run)
     return run
@@ -290,7 +292,8 @@ def open_run_dir(run: Run, wandb: str) -> None:
     run.records.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
     if denv.is_main:
         ckpt.atomic_write_text(run.run_dir / "config.yaml", redact(C.dump(cfg)))
-        config = cfg.to_dict() | {"code": run.records.code}  # W&B's config names the code too
+        # W&B's config names the code and the data too
+        config = cfg.to_dict() | {"code": run.records.code, "data": data_brief(run)}
         run.records.tracker = Tracker(run.run_dir, cfg.log, wandb, config, run.progress.step)
     hosts = D.gather_objects(D.host_name())
     if denv.is_main:
@@ -303,7 +306,15 @@ def open_run_dir(run: Run, wandb: str) -> None:
             env["data_root"] = catalog.data_here(cfg).root
         if run.net.init_record:
             env["init"] = run.net.init_record
+        env["data"] = data_brief(run)
         ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
+
+
+def record_changes(run: Run, source: tuple[Path, dict]) -> None:
+    """Rank 0, resuming: what changed since the checkpoint (world size, code, data)."""
+    record_world_change(run, source)
+    record_code_change(run, source)
+    record_data_change(run, source)
 
 
 def record_world_change(run: Run, source: tuple[Path, dict]) -> None:
@@ -348,6 +359,31 @@ def record_code_change(run: Run, source: tuple[Path, dict]) -> None:
     run.records.tracker.write(record | {"checkpoint": path.name, "change": change})
     log(
         f"run.allow_code_change: resumed {path.name} (step {saved['step']}) with other code, {change}"
+    )
+
+
+def data_brief(run: Run) -> dict:
+    """The data's fingerprints as env.json, summary.json and W&B record them."""
+    return fingerprint.brief(run.records.data)
+
+
+def record_data_change(run: Run, source: tuple[Path, dict]) -> None:
+    """Rank 0, resuming with run.allow_data_change over a checkpoint of other data: a record
+    of the change, in metrics.jsonl and W&B, as a change of code is recorded."""
+    path, saved = source
+    old = saved.get("data")
+    change = fingerprint.difference(old, run.records.data) if old else None
+    if change is None:
+        return
+    record = {
+        "kind": "data",
+        "step": saved["step"],
+        "from": fingerprint.brief(old),
+        "to": data_brief(run),
+    }
+    run.records.tracker.write(record | {"checkpoint": path.name, "change": change})
+    log(
+        f"run.allow_data_change: resumed {path.name} (step {saved['step']}) over other data, {change}"
     )
 
 

@@ -262,7 +262,11 @@ def environment(
 # ---------------------------------------------------------------- the tracker
 
 
-EVENT_KINDS = ("world_size", "code")  # records of what happened to the run, not of a step's metrics
+EVENT_KINDS = (
+    "world_size",
+    "code",
+    "data",
+)  # records of what happened to the run, not of a step's metrics
 
 
 def _record(line: str) -> dict | None:

@@ -22,6 +22,7 @@ from engine import hang, preempt, rundir
 from engine import parallel as P
 from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
+from engine.data import fingerprint
 from engine.data.stages import STAGES
 from engine.ema import update_ema
 from engine.evaluate import metric_names, run_eval
@@ -536,6 +537,7 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         "epochs": st.epoch,
         "world_size": run.denv.world_size,
         "code": run.records.code,
+        "data": fingerprint.brief(run.records.data),
     }
     if run.net.init_record:
         summary["init"] = run.net.init_record

@@ -25,6 +25,9 @@ MARKER = "metrics.jsonl"
 BOOKKEEPING_PREFIXES = ("run.", "log.")
 BOOKKEEPING = ("resume", "train.stop_at_step")
 UNSET = "(unset)"
+# Not a config key: the data a run trained on (env.json's "data" fingerprints), a setting in
+# which runs may differ. A run recorded before runs named their data differs from none.
+DATA = "data"
 # An evaluation record's keys that are not metrics: summary.json leaves them out too.
 EVAL_BOOKKEEPING = ("kind", "step", "epoch", "count", "skipped")
 WHERE = "give a run directory, runs/<recipe>/<run name>"
@@ -37,6 +40,7 @@ class Metrics:
     eval: list[dict] = field(default_factory=list)
     world_changes: list[dict] = field(default_factory=list)  # elastic restarts, in file order
     code_changes: list[dict] = field(default_factory=list)  # run.allow_code_change resumes
+    data_changes: list[dict] = field(default_factory=list)  # run.allow_data_change resumes
     notes: list[str] = field(default_factory=list)  # lines skipped, said to the user
 
 
@@ -191,6 +195,7 @@ def read_metrics(path: Path) -> Metrics:
         eval=[r for r in ordered if r["kind"] == "eval"],
         world_changes=[r for r in latest.values() if r["kind"] == "world_size"],
         code_changes=[r for r in latest.values() if r["kind"] == "code"],
+        data_changes=[r for r in latest.values() if r["kind"] == "data"],
         notes=notes,
     )
 
@@ -293,15 +298,62 @@ def read_run(text: str) -> Run:
 # ---------------------------------------------------------------- what differs between runs
 
 
+def data_of(run: Run) -> dict[str, Any] | None:
+    """The fingerprints of the data it trained on (env.json's, else summary.json's); None
+    for a run recorded before runs named their data."""
+    for source in (run.env, run.summary or {}):
+        found = source.get(DATA)
+        if isinstance(found, dict) and found:
+            return found
+    return None
+
+
+def data_identity(run: Run) -> str | None:
+    """Its data in a few characters, `train 1a2b3c4d eval 5e6f7a8b` (their sha256s)."""
+    found = data_of(run)
+    if found is None:
+        return None
+    parts = [
+        f"{split} {str(fp.get('sha256'))[:8]}"
+        for split, fp in found.items()
+        if isinstance(fp, dict)
+    ]
+    return " ".join(parts)
+
+
+def data_note(found: list[Run]) -> str | None:
+    """One line for runs that did not all train on the same data, else None."""
+    seen: dict[str, Run] = {}
+    for run in found:
+        identity = data_identity(run)
+        if identity is not None:
+            seen.setdefault(identity, run)
+    if len(seen) < 2:
+        return None
+    described = "; ".join(
+        f"{identity}: "
+        + ", ".join(
+            f"{split} {fp.get('summary', '?')}" for split, fp in (data_of(run) or {}).items()
+        )
+        for identity, run in seen.items()
+    )
+    return (
+        f"note: these runs trained on different data ({described}): runs on other data are "
+        "kept in groups of their own, never pooled"
+    )
+
+
 def settings(run: Run) -> dict[str, Any]:
-    """What a run was asked to do: its config without bookkeeping, and its world size (not a
-    config value, but two runs differing only in it are told apart by it)."""
+    """What a run was asked to do: its config without bookkeeping, its world size (not a
+    config value, but two runs differing only in it are told apart by it) and the data it
+    trained on (DATA; absent for a run that recorded none)."""
     kept = {
         k: v
         for k, v in run.config.items()
         if not k.startswith(BOOKKEEPING_PREFIXES) and k not in BOOKKEEPING
     }
-    return kept | {"world_size": run.world_size}
+    data = data_identity(run)
+    return kept | {"world_size": run.world_size} | ({DATA: data} if data else {})
 
 
 def _same_key(value: Any) -> str:
@@ -312,7 +364,13 @@ def differing(runs: list[Run]) -> list[str]:
     """The settings keys whose values are not the same in every run, sorted."""
     each = [settings(run) for run in runs]
     keys = sorted(set().union(*each))
-    return [k for k in keys if len({_same_key(s.get(k, UNSET)) for s in each}) > 1]
+
+    def values(key: str) -> set[str]:
+        found = {_same_key(s.get(key, UNSET)) for s in each}
+        # data that a run did not record is not known to differ from the others'
+        return found - {_same_key(UNSET)} if key == DATA else found
+
+    return [k for k in keys if len(values(k)) > 1]
 
 
 def value_text(value: Any) -> str:

@@ -3,8 +3,9 @@
 A checkpoint holds the bare model and optimizer states (whole tensors in one file written by
 rank 0, or each rank's shards in a sharded directory), and the sum of the run's parts'
 states (engine.parts: the schedule, the position, every rank's RNG states, the EMA, the
-config and code that wrote it), beside them in the file or as the directory's meta.pt.
-Resuming refuses a config change that would alter the run it continues."""
+config, code and data fingerprints that wrote it), beside them in the file or as the
+directory's meta.pt. Resuming refuses a config, code or data change that would alter the run
+it continues."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine import codeid
 from engine import config as C
 from engine import distributed as D
 from engine.checkpoint import best
+from engine.data import fingerprint
 from engine.faults import RunError, save_pause
 from engine.parallel import Strategy
 from engine.recipe import Recipe
@@ -86,11 +88,13 @@ def check_resumable(
     source: tuple[Path, dict],
     is_main: bool,
     code: dict,
+    data: dict | None = None,
 ) -> None:
-    """Before any weights load: the config and the code continue the same run, and the
-    checkpoint's format suits the strategy."""
+    """Before any weights load: the config, the code and the data continue the same run,
+    and the checkpoint's format suits the strategy."""
     check_config_drift(cfg, recipe, source, is_main)
     check_code(cfg, source, code)
+    check_data(cfg, source, data or {})
     check_format(strategy, source[0])
 
 
@@ -106,6 +110,23 @@ def check_code(cfg: C.Config, source: tuple[Path, dict], code: dict) -> None:
         f"resuming would continue the run with another program: run the code it was "
         f"written with (git checkout {(saved.get('commit') or '?')[:12]}), or set "
         "run.allow_code_change=true to continue anyway (the change is recorded)"
+    )
+
+
+def check_data(cfg: C.Config, source: tuple[Path, dict], data: dict) -> None:
+    """The data is the rest of a request: a resume over other data (a file added to a class
+    folder, another corpus under the same path) would continue the run on other samples, so
+    it is refused unless run.allow_data_change says so (then recorded, engine.setup)."""
+    saved = source[1].get("data")
+    if not saved or cfg.run.allow_data_change:
+        return  # none: a checkpoint written before checkpoints named their data
+    change = fingerprint.difference(saved, data)
+    if change is None:
+        return
+    raise C.ConfigError(
+        f"checkpoint {source[0]} was written over other data ({change}); resuming would "
+        "continue the run on other samples: restore the data it was trained on, or set "
+        "run.allow_data_change=true to continue anyway (the change is recorded)"
     )
 
 

@@ -31,6 +31,13 @@ class RunConfig:
     # resume a checkpoint written by other code (another commit or other uncommitted
     # changes): refused unless true; the change is recorded in metrics.jsonl
     allow_code_change: bool = False
+    # resume a checkpoint written over other data (a file added, removed or resized, other
+    # tensors): refused unless true; the change is recorded in metrics.jsonl
+    allow_data_change: bool = False
+    # how a folder of files is fingerprinted (env.json, summary.json, checkpoints): index
+    # (names, sizes, labels; no file read) or content (every file's bytes, cached by size
+    # and mtime); in-memory data is always fingerprinted by its bytes
+    data_fingerprint: Literal["index", "content"] = "index"
 
 
 @dataclass

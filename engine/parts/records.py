@@ -1,5 +1,5 @@
 """What the run writes about itself: metrics through the tracker, the last evaluation, the
-best checkpoints' ranking, the code and config that wrote each checkpoint, and the hold on
+best checkpoints' ranking, the code, data and config that wrote each checkpoint, and the hold on
 the run directory."""
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class Records(Part):
     profiling: Any = transient(default=None)  # engine.profile.Profiling while fit() runs
     config: C.Config | None = transient(default=None)  # recorded redacted by state_dict
     code: dict = recorded(default_factory=dict)  # engine.codeid's identity of the code running
+    # engine.data.fingerprint's fingerprints of the training and held-out data
+    data: dict = recorded(default_factory=dict)
     last_eval: dict = saved(default_factory=dict)
     best: list = saved(default_factory=list)  # best checkpoints, best first (checkpoint.best)
 

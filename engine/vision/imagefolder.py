@@ -1,21 +1,26 @@
 """The class-folder layout of image datasets, `<root>/train/<class>/*` and
 `<root>/val/<class>/*` (classes are the sorted folder names): a cached index of the files,
 the layout's one-line errors (worded with the recipe's own FolderHelp: what the data is,
-where to get it, how to sort it), and a dataset that decodes each file to a uint8 RGB tensor.
+where to get it, how to sort it), a dataset that decodes each file to a uint8 RGB tensor, and
+its fingerprint (engine.data.fingerprint): by default the index's names, sizes and labels
+(no file read), or the files' bytes, cached by each file's size and mtime.
 
 Listing a million files takes from seconds (local disk) to minutes (network file systems), so
 the index is cached as JSON and reused while the split's folders are unchanged: adding, removing
-or renaming a file changes its class folder's mtime, adding or removing a class the split's."""
+or renaming a file changes its class folder's mtime, adding or removing a class the split's.
+The sizes are the files' at the scan: a file rewritten in place leaves its folder's mtime as
+it was (the content fingerprint sees it; the index's does not)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +28,13 @@ import torch
 from torch.utils.data import Dataset
 
 from engine.data.errors import DataError
+from engine.data.fingerprint import NAMES_LIMIT
 from engine.vision.codec import decode_rgb, read_bytes, require_decoder
 from engine.vision.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".webp"}
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the files' sizes (format 1 had names only: rescanned once)
+CONTENT_FORMAT = 1  # the content fingerprint's cache of each file's sha256
 # A folder changed less than this before the scan may change again within the same mtime tick
 # (coarse on some file systems) without its mtime showing it; such an index is not cached.
 SETTLE_NS = 2_000_000_000
@@ -39,6 +46,8 @@ class FolderIndex:
     classes: list[str]  # sorted class folder names
     files: list[str]  # "class/name", relative to root, sorted by (class, name)
     labels: list[int]  # class index per file
+    sizes: list[int] = field(default_factory=list)  # bytes per file, at the scan
+    cache_dir: str = field(default="", compare=False)  # where its caches live; "": default
 
     def __len__(self) -> int:
         return len(self.files)
@@ -49,30 +58,36 @@ def _class_names(split_dir: Path) -> list[str]:
         return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
 
 
-def _image_names(class_dir: Path) -> list[str]:
+def _images(class_dir: Path) -> tuple[list[str], list[int]]:
+    """The image files' sorted names and their sizes (a stat each; no file is read)."""
     with os.scandir(class_dir) as entries:
-        return sorted(
-            e.name
+        found = sorted(
+            (e.name, e.stat().st_size)
             for e in entries
             if not e.name.startswith(".")
             and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
             and e.is_file()
         )
+    return [name for name, _ in found], [size for _, size in found]
 
 
-def _index(root: str, classes: list[str], names: list[list[str]]) -> FolderIndex:
+def _index(
+    root: str, classes: list[str], names: list[list[str]], sizes: list[list[int]]
+) -> FolderIndex:
     files = [
         f"{cls}/{name}" for cls, per_class in zip(classes, names, strict=True) for name in per_class
     ]
     labels = [label for label, per_class in enumerate(names) for _ in per_class]
-    return FolderIndex(root, classes, files, labels)
+    return FolderIndex(root, classes, files, labels, [n for per in sizes for n in per])
 
 
 def scan_split(split_dir: Path) -> FolderIndex:
-    """Lists the split's image files (hidden files and other suffixes left out); no cache."""
+    """Lists the split's image files (hidden files and other suffixes left out) with their
+    sizes; no cache."""
     split_dir = Path(split_dir).resolve()
     classes = _class_names(split_dir)
-    return _index(str(split_dir), classes, [_image_names(split_dir / c) for c in classes])
+    found = [_images(split_dir / c) for c in classes]
+    return _index(str(split_dir), classes, [n for n, _ in found], [z for _, z in found])
 
 
 def default_cache_dir(split_dir: Path) -> Path:
@@ -102,7 +117,7 @@ def _read_cache(path: Path, split_dir: Path) -> FolderIndex | None:
             return None
         if [doc["split_mtime"], doc["class_mtimes"]] != list(_mtimes(split_dir, doc["classes"])):
             return None
-        return _index(str(split_dir), doc["classes"], doc["names"])
+        return _index(str(split_dir), doc["classes"], doc["names"], doc["sizes"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -112,8 +127,10 @@ _warned_dirs: set[Path] = set()
 
 def _write_cache(path: Path, index: FolderIndex, split_mtime: int, class_mtimes: list[int]):
     names: list[list[str]] = [[] for _ in index.classes]
-    for file, label in zip(index.files, index.labels, strict=True):
+    sizes: list[list[int]] = [[] for _ in index.classes]
+    for file, label, size in zip(index.files, index.labels, index.sizes, strict=True):
         names[label].append(file.split("/", 1)[1])
+        sizes[label].append(size)
     doc = {
         "format": CACHE_FORMAT,
         "root": index.root,
@@ -121,7 +138,14 @@ def _write_cache(path: Path, index: FolderIndex, split_mtime: int, class_mtimes:
         "classes": index.classes,
         "class_mtimes": class_mtimes,
         "names": names,
+        "sizes": sizes,
     }
+    _write_json(path, doc)
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """Atomically, readable by others sharing the data; a folder that refuses it is said once
+    (every start then redoes the work)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -147,17 +171,95 @@ def load_index(split_dir: Path, cache_dir: Path | None = None) -> FolderIndex:
     """scan_split's index, reused from <cache_dir>/<split>-<hash of its path>.json while the
     split's folders keep their mtimes. cache_dir None: default_cache_dir(split_dir)."""
     split_dir = Path(split_dir).resolve()
-    cache_file = _cache_file(split_dir, Path(cache_dir or default_cache_dir(split_dir)))
+    cache_dir = Path(cache_dir or default_cache_dir(split_dir))
+    cache_file = _cache_file(split_dir, cache_dir)
     index = _read_cache(cache_file, split_dir)
-    if index is not None:
-        return index
-    started = time.time_ns()
-    index = scan_split(split_dir)
-    # mtimes taken after the scan: if all are older than the scan, it saw the final state
-    split_mtime, class_mtimes = _mtimes(split_dir, index.classes)
-    if max(split_mtime, *class_mtimes) < started - SETTLE_NS:
-        _write_cache(cache_file, index, split_mtime, class_mtimes)
-    return index
+    if index is None:
+        started = time.time_ns()
+        index = scan_split(split_dir)
+        # mtimes taken after the scan: if all are older than the scan, it saw the final state
+        split_mtime, class_mtimes = _mtimes(split_dir, index.classes)
+        if max(split_mtime, *class_mtimes) < started - SETTLE_NS:
+            _write_cache(cache_file, index, split_mtime, class_mtimes)
+    return dataclasses.replace(index, cache_dir=str(cache_dir))
+
+
+# ---------------------------------------------------------------- the fingerprint
+
+
+def content_digests(root: str, files: list[str], cache_dir: Path) -> list[str]:
+    """Each file's sha256, read once: kept in <cache_dir>/<split>-<hash>.content.json with the
+    file's size and mtime, and read again only when those change."""
+    split_dir = Path(root)
+    path = _cache_file(split_dir, cache_dir).with_suffix(".content.json")
+    try:
+        doc = json.loads(path.read_text())
+        known = doc["files"] if doc["format"] == CONTENT_FORMAT and doc["root"] == root else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        known = {}
+    out, fresh, changed = [], {}, False
+    for name in files:
+        st = os.stat(split_dir / name)
+        entry = known.get(name)
+        if not (isinstance(entry, list) and entry[:2] == [st.st_size, st.st_mtime_ns]):
+            digest = hashlib.sha256()
+            with open(split_dir / name, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            entry, changed = [st.st_size, st.st_mtime_ns, digest.hexdigest()], True
+        fresh[name] = entry
+        out.append(entry[2])
+    if changed or len(fresh) != len(known):
+        _write_json(path, {"format": CONTENT_FORMAT, "root": root, "files": fresh})
+    return out
+
+
+def folder_fingerprint(
+    root: str,
+    classes: list[str],
+    files: np.ndarray,
+    sizes: np.ndarray,
+    labels: np.ndarray,
+    content: bool = False,
+    cache_dir: Path | None = None,
+) -> dict:
+    """The split's index (names, sizes, labels: no file read) hashed class by class, or with
+    content=True the files' bytes (engine.data.fingerprint's form, with the per-class parts
+    and, for a small split, the names that let a refusal name the first difference)."""
+    names = [os.fsdecode(f) for f in files.tolist()]
+    bounds = np.searchsorted(labels, np.arange(len(classes) + 1))
+    digests = (
+        content_digests(root, names, Path(cache_dir or default_cache_dir(Path(root))))
+        if content
+        else None
+    )
+    parts, index_parts, content_parts = {}, [], []
+    for label, cls in enumerate(classes):
+        a, b = int(bounds[label]), int(bounds[label + 1])
+        h = hashlib.sha256("\0".join(names[a:b]).encode())
+        h.update(np.asarray(sizes[a:b], dtype="<i8").tobytes())
+        index_parts.append([cls, b - a, h.hexdigest()])
+        if digests is not None:
+            h.update("\0".join(digests[a:b]).encode())
+            content_parts.append([cls, b - a, h.hexdigest()])
+        parts[cls] = [b - a, h.hexdigest()[:16]]
+    index_sha = hashlib.sha256(json.dumps(index_parts).encode()).hexdigest()
+    size = f", {int(np.sum(sizes))} bytes" if len(sizes) and np.min(sizes) >= 0 else ""
+    fp = {
+        "method": "content" if content else "index",
+        "sha256": hashlib.sha256(json.dumps(content_parts).encode()).hexdigest()
+        if content
+        else index_sha,
+        "count": len(names),
+        "unit": "files",
+        "summary": f"{len(names)} files in {len(classes)} classes{size}",
+        "parts": parts,
+    }
+    if content:
+        fp["index"] = index_sha
+    if len(names) <= NAMES_LIMIT:
+        fp["names"] = names
+    return fp
 
 
 @dataclass(frozen=True)
@@ -257,6 +359,16 @@ class ImageFiles(Dataset):
         self.mean, self.std = tuple(mean), tuple(std)
         self.files = np.array([os.fsencode(f) for f in index.files])
         self.labels = np.array(index.labels, dtype=np.int64)
+        # bytes per file (-1: an index built without them)
+        self.sizes = np.array(index.sizes or [-1] * len(index.files), dtype=np.int64)
+        self.cache_dir = index.cache_dir
+
+    def fingerprint(self, content: bool = False) -> dict:
+        """The split's fingerprint: its index, or with content=True its files' bytes."""
+        cache = Path(self.cache_dir) if self.cache_dir else None
+        return folder_fingerprint(
+            self.root, self.classes, self.files, self.sizes, self.labels, content, cache
+        )
 
     def __len__(self) -> int:
         return len(self.files)

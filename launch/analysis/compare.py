@@ -2,8 +2,9 @@
 and a chart, and the `compare` command itself.
 
 `make compare RUNS="runs/digits/a runs/digits/b ..."` (or `python -m launch compare RUN...`)
-groups finished runs by the settings in which they differ (the seed aside), so runs made by
-hand, by a sweep or on another machine are judged the same way. The baseline is the first
+groups finished runs by the settings in which they differ (the seed aside; the data they
+trained on, env.json's fingerprints, is one such setting), so runs made by hand, by a sweep
+or on another machine are judged the same way, and runs on other data are never pooled. The baseline is the first
 run's group unless BASELINE='key=value ...' names another. The files land in the runs'
 common parent as compare-<run names>.md, .json and .png.
 """
@@ -167,6 +168,7 @@ def markdown(cells: list[Cell], rep: Report, chart: str | None) -> str:
     lines += [f"Command: `{rep.record['command']['make']}`"] if "command" in rep.record else []
     lines += [f"Git: {rep.record['git_text']}"] if "git_text" in rep.record else []
     lines += ["", rep.record["hardware_note"]] if rep.record.get("hardware_note") else []
+    lines += ["", rep.record["data_note"]] if rep.record.get("data_note") else []
     lines += (
         ["", f"![Each cell's seeds and their mean with its 95% interval]({chart})"] if chart else []
     )
@@ -340,6 +342,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     headline = headline_of(members, {r.name: r.env for r in found})
     record = {"runs": [str(r.path) for r in found], "git_text": git_texts(found)}
     record["hardware_note"] = hardware.note([hardware.of(r.env) for r in found])
+    record["data_note"] = runs.data_note(found)
     rep = Report(title_of(cells, keys), headline, record, keys, C.numeric_axis(cells))
     try:
         print(write(cells, rep, md, js, png), end="")

@@ -36,6 +36,7 @@ OWN_COLUMNS = (
     "higher_is_better",
     "best_checkpoints",
     "code",
+    "data",
 )
 MAX_STEM = 120
 DIGITS = 4  # significant digits of a float in the table (summary.json has them all)
@@ -229,6 +230,7 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "(the same run.name) finishes it.",
         ]
     lines += time_breakdown(found) + profiles(found) + world_changes(found) + code_changes(found)
+    lines += data_changes(found)
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
@@ -406,6 +408,29 @@ def code_changes(found: list[Run]) -> list[str]:
         "Each of these resumes continued the run with code other than the code that wrote its "
         "checkpoint (allowed by run.allow_code_change): the steps after it come from another "
         "program than the steps before.",
+    ]
+
+
+def data_changes(found: list[Run]) -> list[str]:
+    """The resumes that continued a run over other data (run.allow_data_change), as the
+    engine recorded them; none: nothing."""
+    changes = [(run, r) for run in found for r in run.metrics.data_changes]
+    if not changes:
+        return []
+    rows = [
+        f"| {run.name} | {r['step']} | {r.get('change', 'n/a')} | {r.get('checkpoint', 'n/a')} |"
+        for run, r in changes
+    ]
+    return [
+        "",
+        "## Changes of data",
+        "",
+        "| run | step | change | resumed from |",
+        "|---|---:|---|---|",
+        *rows,
+        "",
+        "Each of these resumes continued the run over data other than the data its checkpoint "
+        "was trained on (allowed by run.allow_data_change).",
     ]
 
 

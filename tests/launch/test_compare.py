@@ -78,3 +78,45 @@ def test_runs_on_the_same_hardware_get_no_note(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "hardware" not in out
+
+
+def with_data(run: Path, train_sha: str, files: int) -> Path:
+    """The run's summary.json names its data as the engine records it (the brief form)."""
+    summary = json.loads((run / "summary.json").read_text())
+    train = {"method": "index", "sha256": train_sha, "count": files, "unit": "files"}
+    train["summary"] = f"{files} files in 3 classes"
+    held_out = {"method": "index", "sha256": "e" * 64, "count": 6, "unit": "files"}
+    summary["data"] = {"train": train, "eval": held_out | {"summary": "6 files in 3 classes"}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_runs_on_different_data_are_never_pooled_and_get_one_note(tmp_path, capsys):
+    same = [with_data(make_run(tmp_path, f"a{s}", "digits", s, 0.5), "a" * 64, 18) for s in (0, 1)]
+    other = [with_data(make_run(tmp_path, f"b{s}", "digits", s, 0.6), "b" * 64, 19) for s in (0, 1)]
+    code = cli.main(["compare", *map(str, same + other)], env={})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Comparison of 4 runs in 2 groups by data" in out
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: these runs trained on different data (train aaaaaaaa eval eeeeeeee: train 18 "
+        "files in 3 classes, eval 6 files in 3 classes; train bbbbbbbb eval eeeeeeee: train 19 "
+        "files in 3 classes, eval 6 files in 3 classes): runs on other data are kept in groups "
+        "of their own, never pooled"
+    ]
+    saved = json.loads((tmp_path / "compare-a0+a1+b0+b1.json").read_text())
+    groups = {c["name"]: [m["run"] for m in c["members"]] for c in saved["cells"]}
+    assert groups == {
+        "data=train aaaaaaaa eval eeeeeeee": ["a0", "a1"],
+        "data=train bbbbbbbb eval eeeeeeee": ["b0", "b1"],
+    }
+
+
+def test_runs_on_the_same_data_or_unrecorded_data_are_one_group(tmp_path, capsys):
+    a = [with_data(make_run(tmp_path, f"a{s}", "digits", s, 0.5), "a" * 64, 18) for s in (0, 1)]
+    older = make_run(tmp_path, "a2", "digits", 2, 0.52)  # recorded before runs named their data
+    code = cli.main(["compare", *map(str, [*a, older])], env={})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Comparison of 3 runs in 1 group" in out and "different data" not in out
