@@ -16,11 +16,9 @@ export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PA
 export REMOTE REMOTE_DIR REMOTE_PYTHON REMOTE_SSH
 
 PYTHON ?= python3
-# make test and test-fast spread test modules over this many pytest-xdist workers; modules
-# go out in their collection order (tests/conftest.py sets it). Three on two cores: much of
-# the suite waits on subprocesses, the SLURM queue and timeouts, and a third worker fills
-# that time (tests/README.md has the measurement).
-TEST_WORKERS ?= 3
+# make test and test-fast spread test modules over this many pytest-xdist workers (both
+# cores here); modules go out in their collection order (tests/conftest.py sets it).
+TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --no-loadscope-reorder
 VENV := .venv
 PY := $(VENV)/bin/python
