@@ -229,8 +229,8 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
-    lines += time_breakdown(found) + profiles(found) + world_changes(found) + code_changes(found)
-    lines += data_changes(found)
+    lines += time_breakdown(found) + profiles(found) + world_changes(found)
+    lines += resumed_changes(found, "code") + resumed_changes(found, "data")
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
         lines += ["", "Notes:", *(f"- {note}" for note in notes)]
@@ -387,50 +387,43 @@ def world_changes(found: list[Run]) -> list[str]:
     ]
 
 
-def code_changes(found: list[Run]) -> list[str]:
-    """The resumes that continued a run with other code (run.allow_code_change), as the
-    engine recorded them; none: nothing."""
-    changes = [(run, r) for run in found for r in run.metrics.code_changes]
-    if not changes:
-        return []
-    rows = [
-        f"| {run.name} | {r['step']} | {r.get('change', 'n/a')} | {r.get('checkpoint', 'n/a')} |"
-        for run, r in changes
-    ]
-    return [
-        "",
-        "## Changes of code",
-        "",
-        "| run | step | change | resumed from |",
-        "|---|---:|---|---|",
-        *rows,
-        "",
+# What a resume allowed to change, per kind: the report's heading and what it means.
+RESUMED_CHANGES = {
+    "code": (
+        "Changes of code",
         "Each of these resumes continued the run with code other than the code that wrote its "
         "checkpoint (allowed by run.allow_code_change): the steps after it come from another "
         "program than the steps before.",
-    ]
+    ),
+    "data": (
+        "Changes of data",
+        "Each of these resumes continued the run over data other than the data its checkpoint "
+        "was trained on (allowed by run.allow_data_change).",
+    ),
+}
 
 
-def data_changes(found: list[Run]) -> list[str]:
-    """The resumes that continued a run over other data (run.allow_data_change), as the
-    engine recorded them; none: nothing."""
-    changes = [(run, r) for run in found for r in run.metrics.data_changes]
+def resumed_changes(found: list[Run], kind: str) -> list[str]:
+    """The resumes that continued a run with other code or over other data (kind "code" or
+    "data", allowed by run.allow_code_change or run.allow_data_change), as the engine recorded
+    them; none: nothing."""
+    changes = [(run, r) for run in found for r in getattr(run.metrics, f"{kind}_changes")]
     if not changes:
         return []
+    heading, meaning = RESUMED_CHANGES[kind]
     rows = [
         f"| {run.name} | {r['step']} | {r.get('change', 'n/a')} | {r.get('checkpoint', 'n/a')} |"
         for run, r in changes
     ]
     return [
         "",
-        "## Changes of data",
+        f"## {heading}",
         "",
         "| run | step | change | resumed from |",
         "|---|---:|---|---|",
         *rows,
         "",
-        "Each of these resumes continued the run over data other than the data its checkpoint "
-        "was trained on (allowed by run.allow_data_change).",
+        meaning,
     ]
 
 

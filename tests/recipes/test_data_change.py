@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from launch.analysis import report
 from tests.datagen_images import settle, write_image_folder
 from tests.helpers import final_checkpoint, records, run_dir, run_engine
 
@@ -57,3 +58,6 @@ def test_a_resume_over_a_train_folder_with_one_more_jpeg_stops_in_one_line(tmp_p
         == json.loads((run / "env.json").read_text())["data"]["train"]["count"]
     )
     assert final_checkpoint(tmp_path, "r", "imagenet")["data"]["train"]["count"] == 19
+    text = report.markdown(report.read_runs([str(run)]), None, "top1")
+    assert "## Changes of data" in text and "| r | 2 | train data 18 -> 19 files" in text, text
+    assert "## Changes of code" not in text
