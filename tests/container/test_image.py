@@ -107,7 +107,8 @@ class Checkout:
     own), readable by the caller, with the venv linked in: builds may change its source."""
 
     src: Path
-    runs: Path  # run.root, owned by the caller
+    runs: Path  # run.root of the image's runs, owned by the caller
+    venv_runs: Path  # run.root of the venv's runs, the reference
     caller: Caller
 
 
@@ -121,7 +122,7 @@ def checkout(engine_ready):
         runs = top / "runs"
         runs.mkdir()
         os.chown(runs, caller.uid, caller.gid)
-        yield Checkout(src, runs, caller)
+        yield Checkout(src, runs, top / "venv-runs", caller)
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
@@ -164,24 +165,40 @@ def commit_all(repo: Path, message: str) -> None:
     subprocess.run(["git", "-C", str(repo), *ident, "commit", "-qm", message], check=True)
 
 
-def make(co: Checkout, target: str, timeout: float = 600, **variables: str):
-    """`make TARGET` in the copy as the caller, with only the request variables given."""
+def make(co: Checkout, target: str, timeout: float = 600, caller: bool = True, **variables: str):
+    """`make TARGET` in the copy, with only the request variables given: as the caller, or
+    (caller=False) as this process, for what runs the host's interpreter directly (make train,
+    make eval: launch's check that a program may run, like make's, ignores capabilities)."""
     c = co.caller
     env = launch_env(HOME=str(c.home), **variables)
     env["GIT_CONFIG_COUNT"] = "1"  # git as the caller trusts the copy, which root owns
     env["GIT_CONFIG_KEY_0"], env["GIT_CONFIG_VALUE_0"] = "safe.directory", str(co.src)
-    as_root = os.getuid() == 0
+    who = [*as_caller(c), "make", *recipe_shell()] if caller else ["make"]
     return subprocess.run(
-        ["make", "--no-print-directory", target],
+        [*who, "--no-print-directory", target],
         cwd=co.src,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
-        user=c.uid if as_root else None,
-        group=c.gid if as_root else None,
-        extra_groups=c.groups if as_root else None,
     )
+
+
+def as_caller(c: Caller) -> list[str]:
+    """From root (CI), the caller's uid and gid and the docker socket's group, keeping one
+    capability: to read and search any file (CI's interpreter may live in root's 0700 home).
+    The caller still cannot write anything root owns, so what it writes is its own."""
+    if os.getuid() != 0:
+        return []
+    keep = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    groups = f"--groups={','.join(map(str, c.groups))}" if c.groups else "--clear-groups"
+    return ["setpriv", f"--reuid={c.uid}", f"--regid={c.gid}", groups, *keep]
+
+
+def recipe_shell() -> list[str]:
+    """From root, make runs its recipes through bash: make's own check before it starts a
+    program directly (access(2)) ignores capabilities, the kernel's exec does not."""
+    return ["SHELL=/bin/bash"] if os.getuid() == 0 else []
 
 
 def succeeded(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -318,10 +335,11 @@ def request(name: str, *more: str) -> str:
 
 def train(co: Checkout, name: str, procs: int = 1, *more: str, image: str = ""):
     """make train (the venv) or make docker-train (the image) of digits on the CPU."""
-    args = f"run.root={co.runs} {request(name, *more)}"
+    args = f"run.root={co.runs if image else co.venv_runs} {request(name, *more)}"
     extra = {"IMAGE": image, "DOCKER": DOCKER, "DOCKER_NETWORK": "host"} if image else {}
     target = "docker-train" if image else "train"
-    return succeeded(make(co, target, GPUS="0", PROCS=str(procs), ARGS=args, **extra))
+    variables = dict(GPUS="0", PROCS=str(procs), ARGS=args, **extra)
+    return succeeded(make(co, target, caller=bool(image), **variables))
 
 
 @pytest.fixture(scope="module")
@@ -329,7 +347,7 @@ def venv_runs(checkout):
     """The reference: the venv's runs of the requests the image runs, on 1 and 2 processes."""
     train(checkout, "venv")
     train(checkout, "venv-2p", 2)
-    return checkout.runs
+    return checkout.venv_runs
 
 
 def owners(folder: Path) -> set[tuple[int, int]]:
@@ -341,7 +359,7 @@ def test_docker_train_runs_as_the_caller_and_equals_the_venv_bitwise(build, chec
     assert f"-u {checkout.caller.uid}:{checkout.caller.gid}" in done.stderr  # the printed command
     run = checkout.runs / "digits" / "image"
     assert owners(run) == {(checkout.caller.uid, checkout.caller.gid)}  # none of it root's
-    same = same_weights(final_weights(venv_runs, "image"), final_weights(venv_runs, "venv"))
+    same = same_weights(final_weights(checkout.runs, "image"), final_weights(venv_runs, "venv"))
     figure(f"docker-train digits ({STEPS}, 1 process): weights equal the venv's bitwise: {same}")
     assert same
     env = json.loads((run / "env.json").read_text())
@@ -355,7 +373,9 @@ def test_two_processes_under_torchrun_in_the_container_equal_the_venv(build, che
     assert "torch.distributed.run" in done.stderr and "--nproc_per_node=2" in done.stderr
     env = json.loads((checkout.runs / "digits" / "image-2p" / "env.json").read_text())
     assert env["world_size"] == 2
-    same = same_weights(final_weights(venv_runs, "image-2p"), final_weights(venv_runs, "venv-2p"))
+    same = same_weights(
+        final_weights(checkout.runs, "image-2p"), final_weights(venv_runs, "venv-2p")
+    )
     figure(f"docker-train digits, 2 processes under torchrun: equal to the venv's bitwise: {same}")
     assert same
 
@@ -365,7 +385,7 @@ def test_a_run_resumes_across_two_docker_runs_bitwise(build, checkout, venv_runs
     assert "stopped at step 9" in first.stderr
     second = train(checkout, "resumed", image=build.image)
     assert "resuming from" in second.stderr
-    same = same_weights(final_weights(venv_runs, "resumed"), final_weights(venv_runs, "venv"))
+    same = same_weights(final_weights(checkout.runs, "resumed"), final_weights(venv_runs, "venv"))
     figure(f"docker-train stopped at step 9, resumed in a second docker run: bitwise: {same}")
     assert same
 
@@ -374,8 +394,8 @@ def test_make_eval_scores_the_containers_run_as_it_trained(build, checkout, venv
     run = checkout.runs / "digits" / "image"
     if not run.exists():
         train(checkout, "image", image=build.image)
-    out = checkout.runs / "image.eval.json"
-    succeeded(make(checkout, "eval", CKPT=str(run), OUT=str(out)))
+    out = checkout.src.parent / "image.eval.json"
+    succeeded(make(checkout, "eval", caller=False, CKPT=str(run), OUT=str(out)))
     scored = json.loads(out.read_text())
     summary = json.loads((run / "summary.json").read_text())
     figure(f"make eval of the container's run: top1 {scored['metrics']['top1']:.4f}")
