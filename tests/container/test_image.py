@@ -42,9 +42,14 @@ TAG = "recipes-container-test"
 NON_ROOT = 1000  # the caller's uid and gid when the tests run as root (CI)
 STEPS = "train.max_steps=20"
 QUIET = "log.wandb=off log.progress=plain"
+SYSTEM_STEP = "apt-get update"
+VENV_STEP = "-m venv /opt/venv"
 LOCK_STEP = "pip install --no-cache-dir -r /opt/venv/requirements.lock"
 SOURCE_STEP = "COPY . /workspace"
 BUILD_TIMEOUT_S = 1800
+# docs/container.md's budget on the 2-core CI machine: printed against, never asserted.
+BUILD_BUDGET_S = 900
+SIZE_BUDGET_GB = 9.0
 
 
 def docker(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -201,6 +206,12 @@ def recipe_shell() -> list[str]:
     return ["SHELL=/bin/bash"] if os.getuid() == 0 else []
 
 
+def head(repo: Path) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def succeeded(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert done.returncode == 0, (
         f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -275,9 +286,12 @@ def build(checkout, site):
     built = build_image(checkout, site, f"{TAG}:first")
     size = int(docker("image", "inspect", "--format", "{{.Size}}", built.image).stdout)
     lock = "from the cache" if step(built.output, LOCK_STEP) == "CACHED" else "installed"
+    within = built.seconds <= BUILD_BUDGET_S and size / 1e9 <= SIZE_BUDGET_GB
     figure(
         f"make image: {built.seconds:.0f} s, image {size / 1e9:.2f} GB "
-        f"({built.image} on {BASE}; the lock layer {lock})"
+        f"({built.image} on {BASE}; the lock layer {lock}); "
+        f"{'within' if within else 'OVER'} the budget of {BUILD_BUDGET_S} s and "
+        f"{SIZE_BUDGET_GB:g} GB (docs/container.md)"
     )
     return built
 
@@ -366,6 +380,7 @@ def test_docker_train_runs_as_the_caller_and_equals_the_venv_bitwise(build, chec
     lock = hashlib.sha256((checkout.src / "requirements.lock").read_bytes()).hexdigest()
     assert env["image"]["image"] == build.image and env["image"]["base_image"] == BASE
     assert env["image"]["lock_sha256"] == lock == env["lock_sha256"]
+    assert env["image"]["git_sha"] == head(checkout.src)  # the commit the image was built from
 
 
 def test_two_processes_under_torchrun_in_the_container_equal_the_venv(build, checkout, venv_runs):
@@ -411,10 +426,10 @@ def test_a_source_change_rebuilds_only_the_source_layer(build, checkout, site):
     changed.write_text(changed.read_text() + "# a source-only change\n")
     commit_all(checkout.src, "a source-only change")
     again = build_image(checkout, site, f"{TAG}:changed")
-    figure(f"make image after a source-only change: {again.seconds:.0f} s")
+    figure(f"make image after a source-only change: {again.seconds:.1f} s")
     found = steps(again.output)
-    assert step(again.output, LOCK_STEP) == "CACHED", found
-    assert step(again.output, "-m venv /opt/venv") == "CACHED", found
+    for cached in (SYSTEM_STEP, VENV_STEP, LOCK_STEP):
+        assert step(again.output, cached) == "CACHED", (cached, found)
     assert step(again.output, SOURCE_STEP) == "DONE", found
     figure("second build: the system, venv and lock layers CACHED, the source layer rebuilt")
     docker("image", "rm", again.image, check=False)
