@@ -24,8 +24,10 @@ MASK = "****"
 
 
 def docker_settings(env: Mapping[str, str], target: str) -> Docker:
-    """The client and network of every docker target; the build's site settings for `image`
+    """The client and network of the docker targets; the build's site settings for `image`
     only (a run never reads them, so a stale CA_BUNDLE cannot stop one)."""
+    if target not in ("docker", "image"):
+        return Docker()
     network = env.get("DOCKER_NETWORK", "")
     if network and not NETWORK.fullmatch(network):
         raise UserError(
@@ -33,6 +35,10 @@ def docker_settings(env: Mapping[str, str], target: str) -> Docker:
             "where the docker daemon runs without a bridge"
         )
     client = env.get("DOCKER") or "docker"
+    if client.startswith("-"):  # `env` would read it as an option
+        raise UserError(
+            f"DOCKER={client!r} is not a program; name the docker client, e.g. /usr/bin/docker"
+        )
     if target != "image":
         return Docker(client=client, network=network)
     return Docker(

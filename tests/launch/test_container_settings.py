@@ -45,6 +45,7 @@ def test_the_build_settings_come_from_the_environment_for_image_only(tmp_path):
     assert docker_settings(env | {"CA_BUNDLE": "/missing"}, "docker") == Docker(
         client="/usr/bin/docker", network="host"
     )
+    assert docker_settings(env | {"DOCKER_NETWORK": "bad name"}, "local") == Docker()
     (note,) = build_note(docker_settings(env, "image"), env)
     assert TOKEN not in note and "https://me:****@mirror/simple" in note
 
@@ -55,6 +56,7 @@ def test_the_build_settings_come_from_the_environment_for_image_only(tmp_path):
         ("CA_BUNDLE", "/no/such/ca.pem", "is not a readable file"),
         ("DOCKER_NETWORK", "host; rm -rf x", "is not a docker network name"),
         ("BASE_IMAGE", "base image", "is not an image reference"),
+        ("DOCKER", "--help", "is not a program"),
     ],
 )
 def test_a_bad_build_setting_is_one_line_naming_it(name, value, says):
