@@ -1,6 +1,7 @@
 # The training image: a pinned CUDA 13.0 base, Python 3.11 and the very same requirements.lock
 # that `make venv` installs, so package versions are identical in the venv, here and in CI.
-# Build it with `make image` (docs/container.md shows the plain docker command).
+# Build it with `make image` (docs/container.md shows the plain docker command); it needs
+# BuildKit (docker 23 and newer by default; DOCKER_BUILDKIT=1 for docker 18.09 to 20.10).
 #
 # Build arguments:
 #   BASE_IMAGE   the CUDA base, an exact, fully versioned tag (never latest or a bare major)
@@ -48,7 +49,14 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN "python${PYTHON_VERSION}" -m venv /opt/venv \
+# A site behind a proxy gives pip its CA bundle and package index as BuildKit secrets
+# (make image CA_BUNDLE=... PIP_INDEX_URL=...): mounted for one RUN, never in a layer, a label
+# or the image's history; docker/pip-site.sh exports those that were given as pip's variables.
+RUN --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_index_url \
+    --mount=type=secret,id=pip_extra_index_url --mount=type=secret,id=pip_trusted_host \
+    --mount=type=bind,source=docker/pip-site.sh,target=/tmp/pip-site.sh \
+    "python${PYTHON_VERSION}" -m venv /opt/venv \
+    && . /tmp/pip-site.sh \
     && pip install --no-cache-dir "pip==${PIP_VERSION}"
 
 # The lock layer: only a change of requirements.lock reinstalls torch (the source comes last).
@@ -56,11 +64,15 @@ RUN "python${PYTHON_VERSION}" -m venv /opt/venv \
 # locked version, and `pip freeze` of the result equals the lock line for line.
 COPY requirements.lock /opt/venv/requirements.lock
 ARG LOCK_SHA256=
-RUN if [ -z "${LOCK_SHA256}" ]; then \
+RUN --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_index_url \
+    --mount=type=secret,id=pip_extra_index_url --mount=type=secret,id=pip_trusted_host \
+    --mount=type=bind,source=docker/pip-site.sh,target=/tmp/pip-site.sh \
+    if [ -z "${LOCK_SHA256}" ]; then \
         echo "LOCK_SHA256 build arg missing: use make image, or pass --build-arg LOCK_SHA256=\$(sha256sum requirements.lock | cut -d' ' -f1)" >&2; \
         exit 1; \
     fi \
     && echo "${LOCK_SHA256}  /opt/venv/requirements.lock" | sha256sum --check --strict \
+    && . /tmp/pip-site.sh \
     && pip install --no-cache-dir -r /opt/venv/requirements.lock \
     && pip check \
     && grep -v '^#' /opt/venv/requirements.lock > /tmp/locked.txt \

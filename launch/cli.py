@@ -15,6 +15,12 @@ Environment (all optional):
   failure, resuming from the last checkpoint: local, docker and apptainer targets, not
   SLURM, which requeues)
   RECIPES_DATA (data root on the host, ./data; /data inside containers)
+  DOCKER (the docker client, default docker)  DOCKER_NETWORK (docker's --network of image
+  builds and docker runs, e.g. host where the daemon has no bridge; default docker's own)
+  BASE_IMAGE (image: the base instead of the Dockerfile's CUDA one)  CA_BUNDLE (image: a CA
+  bundle file for pip in the build)  PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
+  (image: pip's index in the build); CA_BUNDLE and PIP_* reach the build as BuildKit
+  secrets, never in a layer or on the printed line
   PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
   MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
   RECIPES_DIR (where recipes are looked up; default <repo>/recipes)
@@ -215,6 +221,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -
     if args.command == "render" or dry:
         print(render.shell_join(out))
         return 0
+    if target == "image":  # argv[0] is `env`: the docker client must be found first
+        find_program(req.docker.client)
     execute(out)
 
 

@@ -59,6 +59,20 @@ class Slurm:
 
 
 @dataclass(frozen=True)
+class Docker:
+    """How docker is called: the client, the network of builds and runs, and what a build
+    takes from the site (a base image, and pip's CA bundle and index as BuildKit secrets)."""
+
+    client: str = "docker"  # DOCKER: e.g. a client with BuildKit where the default has none
+    network: str = ""  # DOCKER_NETWORK: --network of builds and runs; "": docker's default
+    base_image: str = ""  # BASE_IMAGE: replaces the Dockerfile's CUDA base; "": its default
+    ca_bundle: str = ""  # CA_BUNDLE: a file, mounted as the secret ca_bundle
+    # Names of the pip variables set in the caller's environment (PIP_INDEX_URL, ...), each
+    # mounted as a secret from that variable: the value never appears on the line.
+    pip_settings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Request:
     """One launch, fully resolved: every field is a value, never 'auto'."""
 
@@ -88,6 +102,7 @@ class Request:
     # PASSTHROUGH_ENV; names only, never values.
     passthrough_env: tuple[str, ...] = ()
     infiniband: bool = False  # the host has /dev/infiniband: docker maps it into the container
+    docker: Docker = field(default_factory=Docker)
     slurm: Slurm = field(default_factory=Slurm)
     engine_flags: tuple[str, ...] = ()  # e.g. --eval PATH: what the engine does instead of training
     warnings: tuple[str, ...] = ()  # said once the request passed its checks, never before
@@ -271,14 +286,14 @@ def docker_run(req: Request) -> list[str]:
     with NVIDIA's settings for PyTorch: the host's IPC namespace; with GPUs or several nodes,
     unlimited locked memory and a 64 MiB stack; /dev/infiniband where the host has it.
     Variables pass by name only."""
-    argv = ["docker", "run", "--rm", "--pull=never", "--ipc=host"]
+    argv = [req.docker.client, "run", "--rm", "--pull=never", "--ipc=host"]
     if req.gpus or req.most_nodes > 1:
         for limit in ULIMITS:
             argv += ["--ulimit", limit]
     if req.gpus:
         argv.append(f"--gpus={req.gpus}")
-    if req.most_nodes > 1:
-        argv.append("--network=host")  # torchrun's rendezvous must reach the other nodes
+    if network := run_network(req):
+        argv.append(f"--network={network}")
     if req.infiniband:
         argv.append(f"--device={INFINIBAND}")
     if req.uid_gid:
@@ -289,6 +304,19 @@ def docker_run(req: Request) -> list[str]:
     for name in passed_env(req):
         argv += ["-e", name]
     return [*argv, req.image, *engine_command(req, "python")]
+
+
+def run_network(req: Request) -> str:
+    """docker run's network: the host's on several nodes (torchrun's rendezvous must reach
+    the other nodes), else DOCKER_NETWORK's, else docker's default."""
+    if req.most_nodes > 1:
+        if req.docker.network not in ("", "host"):
+            raise ValueError(
+                f"DOCKER_NETWORK={req.docker.network!r}: a run on several nodes needs the "
+                "host's network; leave DOCKER_NETWORK unset or set it to host"
+            )
+        return "host"
+    return req.docker.network
 
 
 def job_options(req: Request) -> dict[str, object]:
@@ -379,21 +407,35 @@ def apptainer(req: Request) -> list[str]:
 
 
 def image_build(req: Request, git_sha: str, lock_sha256: str) -> list[str]:
-    return [
-        "docker",
-        "build",
-        "--build-arg",
-        f"GIT_SHA={git_sha}",
-        "--build-arg",
-        f"LOCK_SHA256={lock_sha256}",
-        "--build-arg",
-        f"IMAGE_TAG={req.image}",
-        "-t",
-        req.image,
-        "-f",
-        posixpath.join(req.src, "Dockerfile"),
-        req.src,
-    ]
+    """`docker build` under BuildKit (the Dockerfile mounts secrets), with the provenance
+    build arguments and, where given, the site's base image, network and pip secrets."""
+    d = req.docker
+    argv = ["env", "DOCKER_BUILDKIT=1", d.client, "build"]
+    if d.network:
+        argv += ["--network", d.network]
+    build_args = [f"GIT_SHA={git_sha}", f"LOCK_SHA256={lock_sha256}", f"IMAGE_TAG={req.image}"]
+    if d.base_image:
+        build_args.insert(0, f"BASE_IMAGE={d.base_image}")
+    for arg in build_args:
+        argv += ["--build-arg", arg]
+    for secret in build_secrets(d):
+        argv += ["--secret", secret]
+    return [*argv, "-t", req.image, "-f", posixpath.join(req.src, "Dockerfile"), req.src]
+
+
+def build_secrets(d: Docker) -> list[str]:
+    """--secret values: the CA bundle from its file, pip's settings from the caller's
+    variables by name (docker reads the value; the line shows only the name)."""
+    secrets = []
+    if d.ca_bundle:
+        if "," in d.ca_bundle:  # docker splits a --secret value at commas
+            raise ValueError(f"CA_BUNDLE cannot contain a comma: {d.ca_bundle!r}")
+        secrets.append(f"id=ca_bundle,src={d.ca_bundle}")
+    for name in d.pip_settings:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"pip setting {name!r} is not a variable name")
+        secrets.append(f"id={name.lower()},env={name}")
+    return secrets
 
 
 def sif_build(req: Request) -> list[str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from engine import catalog
 from engine.config import ConfigError
 from engine.rundir import decide_run_name
+from launch import container
 from launch.errors import UserError
 from launch.render import Request, Slurm
 
@@ -473,6 +474,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         warnings = check_gpus_visible(
             picked[0], gpus, args.command == "render" or is_dry(args, env)
         )
+    docker = container.docker_settings(env, target)
     return Request(
         recipe=recipe,
         device=device,
@@ -494,6 +496,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         uid_gid=f"{os.getuid()}:{os.getgid()}",
         passthrough_env=tuple(sorted(k for k in env if NCCL_SETTING.fullmatch(k))),
         infiniband=Path("/dev/infiniband").exists(),
+        docker=docker,
         slurm=slurm_options(sections["slurm"]),
-        warnings=warnings,
+        warnings=(*warnings, *container.build_note(docker, env)),
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launch import cli, render
-from launch.render import Request, Slurm
+from launch.render import Docker, Request, Slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = "/venv/bin/python"
@@ -330,13 +330,46 @@ def test_the_documented_multi_node_apptainer_command_is_what_renders(capsys):
     assert "--nnodes=2" in printed and "--standalone" not in printed
 
 
-def test_image_build_records_sha_lock_and_tag():
+def test_image_build_records_sha_lock_and_tag_under_buildkit():
     argv = render.image_build(req(image="recipes:abc"), "f" * 40, "0" * 64)
-    assert argv[:2] == ["docker", "build"]
+    assert argv[:4] == ["env", "DOCKER_BUILDKIT=1", "docker", "build"]  # the Dockerfile mounts
     args = [argv[i + 1] for i, a in enumerate(argv) if a == "--build-arg"]
     assert args == [f"GIT_SHA={'f' * 40}", f"LOCK_SHA256={'0' * 64}", "IMAGE_TAG=recipes:abc"]
+    assert "--secret" not in argv and "--network" not in argv
     assert argv[argv.index("-t") + 1] == "recipes:abc"
     assert argv[-3:] == ["-f", "/src/Dockerfile", "/src"]
+
+
+def test_image_build_takes_the_sites_base_network_and_secrets_by_name():
+    site = Docker(
+        client="/usr/bin/docker", network="host", base_image="base:1", ca_bundle="/etc/ca.pem",
+        pip_settings=("PIP_INDEX_URL", "PIP_TRUSTED_HOST"),
+    )  # fmt: skip
+    argv = render.image_build(req(image="recipes:abc", docker=site), "f" * 40, "0" * 64)
+    assert argv[2:6] == ["/usr/bin/docker", "build", "--network", "host"]
+    args = [argv[i + 1] for i, a in enumerate(argv) if a == "--build-arg"]
+    assert args[0] == "BASE_IMAGE=base:1"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--secret"] == [
+        "id=ca_bundle,src=/etc/ca.pem",
+        "id=pip_index_url,env=PIP_INDEX_URL",
+        "id=pip_trusted_host,env=PIP_TRUSTED_HOST",
+    ]
+
+
+@pytest.mark.parametrize(
+    "site", [Docker(ca_bundle="/a,b/ca.pem"), Docker(pip_settings=("PIP_INDEX_URL=x",))]
+)
+def test_image_build_refuses_a_secret_docker_would_misread(site):
+    with pytest.raises(ValueError):
+        render.image_build(req(docker=site), "f" * 40, "0" * 64)
+
+
+def test_docker_run_uses_the_named_client_and_network():
+    argv = render.docker_run(req(docker=Docker(client="/opt/docker", network="host")))
+    assert argv[0] == "/opt/docker" and "--network=host" in argv
+    assert "--network=host" not in render.docker_run(req())
+    with pytest.raises(ValueError, match="several nodes needs the host's network"):
+        render.docker_run(req(nodes=2, rdzv_endpoint="n:1", docker=Docker(network="none")))
 
 
 def test_sif_build_from_the_docker_daemon():
@@ -506,6 +539,13 @@ def assert_inert(argv: list[str], tmp_path: Path) -> None:
     assert all(PAYLOAD in a or a == INJECT_KV for a in argv if "pwned" in a)
 
 
+# The docker client stays a program on PATH; the pip settings are variable names.
+HOSTILE_DOCKER = Docker(
+    network=hostile("net"), base_image=hostile("base"), ca_bundle=hostile("ca"),
+    pip_settings=("PIP_INDEX_URL",),
+)  # fmt: skip
+
+
 def with_(**kw):
     return lambda r: Request(**{**r.__dict__, **kw})
 
@@ -515,11 +555,13 @@ TARGETS = {
     "torchrun": lambda r: render.local(with_(gpus=2)(r)),
     "multi-node": lambda r: render.local(with_(gpus=2, nodes=2)(r)),
     "restarts": lambda r: render.local(with_(max_restarts=2)(r)),
-    "docker": render.docker_run,
+    "docker": lambda r: render.docker_run(with_(docker=HOSTILE_DOCKER)(r)),
     "docker multi-node": lambda r: render.docker_run(with_(gpus=2, nodes=2)(r)),
     "pyxis": render.pyxis,
     "apptainer": render.apptainer,
-    "image build": lambda r: render.image_build(r, hostile("sha"), hostile("lock")),
+    "image build": lambda r: render.image_build(
+        with_(docker=HOSTILE_DOCKER)(r), hostile("sha"), hostile("lock")
+    ),
     "sif build": render.sif_build,
 }
 
