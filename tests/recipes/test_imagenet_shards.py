@@ -1,0 +1,185 @@
+"""The imagenet recipe from tar shards (make shards, data.format=shards) on a small folder of
+real JPEG files: the shards hold the folder's bytes, so a run trains the same bits from
+either, on two gloo processes and across a mid-epoch resume; a stopped make shards continues;
+a damaged shard or sample is one line."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tarfile
+
+import pytest
+import torch
+
+from engine import cli
+from engine.data.errors import DataError
+from engine.seeding import seed_sample
+from launch import cli as launch_cli
+from recipes.imagenet.data import DataConfig, build_datasets
+from tests.datagen_images import write_image_folder
+from tests.helpers import QUIET, final_checkpoint, records, run_engine, same_weights
+from tests.recipes.cli_calls import engine_calls
+
+pytestmark = pytest.mark.slow  # trains the recipe in real processes
+TINY = [
+    "model.arch=resnet18",
+    "train.batch_size=6",  # 18 training images: 3 steps an epoch
+    "eval.batch_size=4",
+    "data.augment.train_size=32",
+    "data.augment.eval_resize=36",
+    "data.augment.eval_size=32",
+    "loader.num_workers=1",  # shards opened in a loader worker
+    "log.every_steps=1",
+]
+SHARD_MB = "data.shard_mb=0.01"  # ~8 images a shard: three training shards, one for val
+
+
+def make_shards(root, *overrides) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["imagenet", *QUIET, f"data.root={root}", SHARD_MB, *overrides, "--make-shards"])
+    assert code == 0, out.getvalue()
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = write_image_folder(tmp_path_factory.mktemp("data") / "images")
+    make_shards(root)
+    return root
+
+
+def datasets(root, fmt: str):
+    return build_datasets(DataConfig(root=str(root), format=fmt, augment=DataConfig().augment))
+
+
+def test_shards_hold_the_folders_bytes_labels_samples_and_fingerprint(images):
+    folder, shards = datasets(images, "folder"), datasets(images, "shards")
+    for a, b in zip(folder, shards, strict=True):
+        assert len(a) == len(b) and a.classes == b.classes
+        for i in range(len(a)):
+            assert torch.equal(a.read(i), b.read(i)) and a.labels[i] == b.labels[i]
+            seed_sample(1234 + i)
+            x, y = a[i]
+            seed_sample(1234 + i)
+            assert torch.equal(x, b[i][0]) and y == b[i][1]  # augmented alike
+        for content in (False, True):
+            assert a.fingerprint(content)["sha256"] == b.fingerprint(content)["sha256"]
+    assert shards[0].fingerprint()["summary"] == f"18 files in 3 classes, {sum(folder[0].sizes)} bytes in 3 shards"
+    with tarfile.open(images / "shards" / "train-000000.tar") as tar:  # WebDataset's layout
+        assert tar.getnames()[:2] == ["n00000000/n00000000_0.jpeg", "n00000000/n00000000_0.cls"]
+
+
+def test_a_stopped_make_shards_continues_and_a_partial_shard_is_never_read(images, tmp_path):
+    out = tmp_path / "shards"
+    first = make_shards(images, f"data.shards={out}")
+    written = {p.name: p.read_bytes() for p in out.glob("*.tar")}
+    kept_mtime = (out / "train-000001.tar").stat().st_mtime_ns
+    # what a run stopped while writing the third training shard leaves: the index removed
+    # first, two whole shards, the third half written under its temporary name
+    (out / "index.json").unlink()
+    (out / "train-000002.tar").unlink()
+    (out / "val-000000.tar").unlink()
+    (out / ".train-000002.tar.4242.partial").write_bytes(written["train-000002.tar"][:5000])
+    # and a whole shard cut short since (a copy that stopped)
+    (out / "train-000000.tar").write_bytes(written["train-000000.tar"][:7000])
+    with pytest.raises(DataError, match="no shard index at .*make shards RECIPE=imagenet"):
+        build_datasets(DataConfig(root=str(images), format="shards", shards=str(out)))
+
+    again = make_shards(images, f"data.shards={out}")
+    assert "shard 2/4 train-000001.tar: 9 images" in again and "kept (written before)" in again
+    assert [line.endswith("left") and "written;" in line for line in again.splitlines()[1:5]] == [
+        True, False, True, True,
+    ]
+    assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == written  # byte for byte
+    assert (out / "train-000001.tar").stat().st_mtime_ns == kept_mtime  # not rewritten
+    assert not list(out.glob(".*")) and (out / "index.json").exists()
+    assert first.splitlines()[0] == again.splitlines()[0]
+
+
+def test_two_processes_train_from_shards_as_from_the_folder_bitwise(images, tmp_path):
+    common = [*TINY, f"data.root={images}", "train.max_steps=4", "--spawn", "2"]
+    run_engine(tmp_path, "folder", *common, recipe="imagenet", timeout=600)
+    run_engine(tmp_path, "shards", *common, "data.format=shards", recipe="imagenet", timeout=600)
+    losses = [[r["loss"] for r in records(tmp_path, n, "train", "imagenet")] for n in ("folder", "shards")]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
+    evals = [records(tmp_path, n, "eval", "imagenet")[-1] for n in ("folder", "shards")]
+    assert evals[0]["loss"] == evals[1]["loss"] and evals[1]["count"] == 6
+    folder, shards = (final_checkpoint(tmp_path, n, "imagenet") for n in ("folder", "shards"))
+    assert same_weights(folder["model"], shards["model"])
+    assert folder["data"]["train"]["sha256"] == shards["data"]["train"]["sha256"]
+
+
+def test_a_run_stopped_mid_epoch_resumes_from_node_local_shard_copies_bitwise(
+    images, tmp_path, train_here
+):
+    """The run through and the first half in this process; the second half, in a process of
+    its own, reads copies of the shards made in data.shard_cache (a resume may switch it)."""
+    common = [*TINY, f"data.root={images}", "data.format=shards", "train.max_steps=5"]
+    train_here(tmp_path, "whole", *common, recipe="imagenet")
+    train_here(tmp_path, "halves", *common, "train.stop_at_step=2", recipe="imagenet")
+    cache = tmp_path / "node-local"
+    out = run_engine(tmp_path, "halves", *common, f"data.shard_cache={cache}", recipe="imagenet")
+    assert "copied 3 shards" in out.stderr and "copied 1 shards" in out.stderr
+    (copies,) = cache.iterdir()
+    assert sorted(p.name for p in copies.glob("*.tar")) == sorted(
+        p.name for p in (images / "shards").glob("*.tar")
+    )
+    whole = final_checkpoint(tmp_path, "whole", "imagenet")
+    halves = final_checkpoint(tmp_path, "halves", "imagenet")
+    assert same_weights(whole["model"], halves["model"]) and whole["step"] == halves["step"] == 5
+    losses = [[r["loss"] for r in records(tmp_path, n, "train", "imagenet")] for n in ("whole", "halves")]
+    assert losses[0] == losses[1] and len(losses[1]) == 5
+
+
+def damaged(images, tmp_path, case: str):
+    """A copy of the shards with one thing wrong; returns (shards folder, what the line names)."""
+    out = tmp_path / case.replace(" ", "-")
+    shutil.copytree(images / "shards", out)
+    shard = out / "train-000001.tar"
+    if case == "truncated shard":
+        shard.write_bytes(shard.read_bytes()[:4000])
+    elif case == "missing shard":
+        shard.unlink()
+    elif case == "no index":
+        (out / "index.json").unlink()
+    elif case == "undecodable sample":  # the same size, garbage where one image's bytes are
+        offset = json.loads((out / "index.json").read_text())["splits"]["train"]["offsets"][8]
+        with open(shard, "r+b") as f:
+            f.seek(offset)
+            f.write(b"<html>404</html>" * 8)
+    return out
+
+
+DAMAGE = {
+    "truncated shard": ("train-000001.tar is", "rerun `make shards RECIPE=imagenet`"),
+    "missing shard": ("train-000001.tar (No such file", "rerun `make shards RECIPE=imagenet`"),
+    "no index": ("no shard index at", "make shards RECIPE=imagenet"),
+    "undecodable sample": ("unreadable sample", "data.skip_bad=true"),
+}
+
+
+def test_a_damaged_shard_or_sample_stops_in_one_line_naming_it_and_the_fix(images, tmp_path):
+    folders = {case: damaged(images, tmp_path, case) for case in DAMAGE}
+    argvs = [
+        ["imagenet", *TINY, f"run.root={tmp_path / 'runs'}", f"run.name={i}", "train.max_steps=3"]
+        + [f"data.root={images}", "data.format=shards", f"data.shards={folder}"]
+        for i, folder in enumerate(folders.values())
+    ]
+    argvs.append(["digits", f"run.root={tmp_path / 'runs'}", "--make-shards"])
+    *calls, digits = engine_calls(*argvs)
+    for (case, (names, fix)), folder, out in zip(DAMAGE.items(), folders.values(), calls, strict=True):
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (case, out.stderr)
+        assert lines[-1].startswith("error: ") and str(folder) in lines[-1], (case, lines[-1])
+        assert names in lines[-1] and fix in lines[-1], (case, lines[-1])
+    assert digits.returncode == 2 and "no shard form" in digits.stderr
+
+
+def test_make_shards_renders_the_engines_command(capsys):
+    env = {"RECIPE": "imagenet", "ARGS": "data.root=/data/imagenet", "DRY_RUN": "1"}
+    assert launch_cli.main(["shards"], env=env | {"PATH": os.environ["PATH"]}) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("-m engine.train imagenet data.root=/data/imagenet --make-shards"), line
