@@ -436,10 +436,11 @@ def write_shards(
     index_path(out).unlink(missing_ok=True)  # shards being rewritten are never read as done
     for stale in out.glob(f".*{PARTIAL}"):  # what a stopped run was writing
         stale.unlink()
-    shards = sum(len(plan(s, i.sizes, shard_bytes)) for s, i in zip(SPLITS, (train, val)))
+    indexes = dict(zip(SPLITS, (train, val), strict=True))
+    shards = sum(len(plan(s, i.sizes, shard_bytes)) for s, i in indexes.items())
     progress = Progress(sum(train.sizes) + sum(val.sizes), shards)
     print(f"writing {len(train)} + {len(val)} images from {root} as {shards} shards in {out}")
-    splits = {s: write_split(i, s, out, shard_bytes, progress) for s, i in zip(SPLITS, (train, val))}
+    splits = {s: write_split(i, s, out, shard_bytes, progress) for s, i in indexes.items()}
     doc = {"format": INDEX_FORMAT, "source": str(Path(root).resolve()), "classes": train.classes}
     atomic_write_text(index_path(out), json.dumps(doc | {"splits": splits}, separators=(",", ":")))
     elapsed = time.monotonic() - progress.started
