@@ -187,7 +187,8 @@ class ShardImages(ImageFiles):
         if content:
             digests = [hashlib.sha256(self.read(i).numpy()).hexdigest() for i in range(len(self))]
         fp = self._fingerprint(content, digests)
-        fp["summary"] += f" in {len(self.shard_paths)} shards"
+        count = len(self.shard_paths)
+        fp["summary"] += f" in {count} shard{'s' if count > 1 else ''}"
         return fp
 
 

@@ -1,7 +1,8 @@
 """The imagenet recipe from tar shards (make shards, data.format=shards) on a small folder of
-real JPEG files: the shards hold the folder's bytes, so a run trains the same bits from
-either, on two gloo processes and across a mid-epoch resume; a stopped make shards continues;
-a damaged shard or sample is one line."""
+real JPEG files: the shards hold the folder's bytes, labels and fingerprint, a run stopped
+mid-epoch resumes from them (and from node-local copies) bitwise, a stopped make shards
+continues, a damaged shard or sample is one line. Two gloo processes from shards against the
+same run from the folder: tests/recipes/test_finetune_runs.py, which has that run already."""
 
 import contextlib
 import io
@@ -19,7 +20,7 @@ from engine.seeding import seed_sample
 from launch import cli as launch_cli
 from recipes.imagenet.data import DataConfig, build_datasets
 from tests.datagen_images import write_image_folder
-from tests.helpers import QUIET, final_checkpoint, records, run_engine, same_weights
+from tests.helpers import QUIET, final_checkpoint, records, same_weights
 from tests.recipes.cli_calls import engine_calls
 
 pytestmark = pytest.mark.slow  # trains the recipe in real processes
@@ -107,49 +108,9 @@ def test_a_stopped_make_shards_continues_and_a_partial_shard_is_never_read(image
     assert first.splitlines()[0] == again.splitlines()[0]
 
 
-def test_two_processes_train_from_shards_as_from_the_folder_bitwise(images, tmp_path):
-    common = [*TINY, "loader.num_workers=0", f"data.root={images}", "train.max_steps=3"]
-    common += ["--spawn", "2"]
-    run_engine(tmp_path, "folder", *common, recipe="imagenet", timeout=600)
-    run_engine(tmp_path, "shards", *common, "data.format=shards", recipe="imagenet", timeout=600)
-    losses = [
-        [r["loss"] for r in records(tmp_path, n, "train", "imagenet")] for n in ("folder", "shards")
-    ]
-    assert losses[0] == losses[1] and len(losses[0]) == 3
-    evals = [records(tmp_path, n, "eval", "imagenet")[-1] for n in ("folder", "shards")]
-    assert evals[0]["loss"] == evals[1]["loss"] and evals[1]["count"] == 6
-    folder, shards = (final_checkpoint(tmp_path, n, "imagenet") for n in ("folder", "shards"))
-    assert same_weights(folder["model"], shards["model"])
-    assert folder["data"]["train"]["sha256"] == shards["data"]["train"]["sha256"]
-
-
-def test_a_run_stopped_mid_epoch_resumes_from_node_local_shard_copies_bitwise(
-    images, tmp_path, train_here
-):
-    """The run through and the first half in this process; the second half, in a process of
-    its own, reads copies of the shards made in data.shard_cache (a resume may switch it)."""
-    common = [*TINY, f"data.root={images}", "data.format=shards", "train.max_steps=4"]
-    train_here(tmp_path, "whole", *common, recipe="imagenet")
-    train_here(tmp_path, "halves", *common, "train.stop_at_step=2", recipe="imagenet")
-    cache = tmp_path / "node-local"
-    out = run_engine(tmp_path, "halves", *common, f"data.shard_cache={cache}", recipe="imagenet")
-    assert "copied 3 shards" in out.stderr and "copied 1 shards" in out.stderr
-    (copies,) = cache.iterdir()
-    assert sorted(p.name for p in copies.glob("*.tar")) == sorted(
-        p.name for p in (images / "shards").glob("*.tar")
-    )
-    whole = final_checkpoint(tmp_path, "whole", "imagenet")
-    halves = final_checkpoint(tmp_path, "halves", "imagenet")
-    assert same_weights(whole["model"], halves["model"]) and whole["step"] == halves["step"] == 4
-    losses = [
-        [r["loss"] for r in records(tmp_path, n, "train", "imagenet")] for n in ("whole", "halves")
-    ]
-    assert losses[0] == losses[1] and len(losses[1]) == 4
-
-
-def damaged(images, tmp_path, case: str):
-    """A copy of the shards with one thing wrong; returns (shards folder, what the line names)."""
-    out = tmp_path / case.replace(" ", "-")
+def damaged(images, root, case: str):
+    """A copy of the shards with one thing wrong."""
+    out = root / case.replace(" ", "-")
     shutil.copytree(images / "shards", out)
     shard = out / "train-000001.tar"
     if case == "truncated shard":
@@ -166,23 +127,59 @@ def damaged(images, tmp_path, case: str):
     return out
 
 
+# What the error line names, and the fix it gives
 DAMAGE = {
     "truncated shard": ("train-000001.tar is", "rerun `make shards RECIPE=imagenet`"),
     "missing shard": ("train-000001.tar (No such file", "rerun `make shards RECIPE=imagenet`"),
     "no index": ("no shard index at", "make shards RECIPE=imagenet"),
     "undecodable sample": ("unreadable sample", "data.skip_bad=true"),
 }
+RESUMED = [*TINY, "data.format=shards", "train.max_steps=3"]
 
 
-def test_a_damaged_shard_or_sample_stops_in_one_line_naming_it_and_the_fix(images, tmp_path):
-    folders = {case: damaged(images, tmp_path, case) for case in DAMAGE}
+@pytest.fixture(scope="module")
+def command_lines(images, tmp_path_factory, train_here):
+    """A run through and the first half of one stopped mid-epoch train in this process; then
+    one process of its own runs, one after the other, the second half (reading copies of the
+    shards in data.shard_cache, which a resume may switch on), a run over each damaged copy
+    of the shards, and digits --make-shards. Returns (run root, damaged folders, calls)."""
+    root = tmp_path_factory.mktemp("runs")
+    common = [*RESUMED, f"data.root={images}"]
+    train_here(root, "whole", *common, recipe="imagenet")
+    train_here(root, "halves", *common, "train.stop_at_step=2", recipe="imagenet")
+    resume = ["imagenet", *common, f"run.root={root}", "run.name=halves"]
+    resume.append(f"data.shard_cache={root / 'node-local'}")
+    folders = {case: damaged(images, root, case) for case in DAMAGE}
     argvs = [
-        ["imagenet", *TINY, f"run.root={tmp_path / 'runs'}", f"run.name={i}", "train.max_steps=3"]
-        + [f"data.root={images}", "data.format=shards", f"data.shards={folder}"]
-        for i, folder in enumerate(folders.values())
+        ["imagenet", *TINY, f"run.root={root}", f"run.name={i}", "train.max_steps=3"]
+        + ["loader.num_workers=0", f"data.root={images}", "data.format=shards", f"data.shards={f}"]
+        for i, f in enumerate(folders.values())
     ]
-    argvs.append(["digits", f"run.root={tmp_path / 'runs'}", "--make-shards"])
-    *calls, digits = engine_calls(*argvs)
+    calls = engine_calls(resume, *argvs, ["digits", f"run.root={root}", "--make-shards"])
+    return root, folders, calls
+
+
+def test_a_run_stopped_mid_epoch_resumes_from_node_local_shard_copies_bitwise(
+    images, command_lines
+):
+    root, _, (resumed, *_) = command_lines
+    assert resumed.returncode == 0, resumed.stderr
+    assert "copied 3 shards" in resumed.stderr and "copied 1 shards" in resumed.stderr
+    (copies,) = (root / "node-local").iterdir()
+    assert sorted(p.name for p in copies.glob("*.tar")) == sorted(
+        p.name for p in (images / "shards").glob("*.tar")
+    )
+    whole = final_checkpoint(root, "whole", "imagenet")
+    halves = final_checkpoint(root, "halves", "imagenet")
+    assert same_weights(whole["model"], halves["model"]) and whole["step"] == halves["step"] == 3
+    losses = [
+        [r["loss"] for r in records(root, n, "train", "imagenet")] for n in ("whole", "halves")
+    ]
+    assert losses[0] == losses[1] and len(losses[1]) == 3
+
+
+def test_a_damaged_shard_or_sample_stops_in_one_line_naming_it_and_the_fix(command_lines):
+    _, folders, (_, *calls, digits) = command_lines
     for (case, (names, fix)), folder, out in zip(
         DAMAGE.items(), folders.values(), calls, strict=True
     ):
