@@ -130,10 +130,19 @@ def check_shards(split: ShardSplit, command: str) -> None:
 class ShardImages(ImageFiles):
     """ImageFiles whose bytes come from shards: sample i is one pread of its size at its
     offset in its shard. Each process opens a shard once, when it first reads from it, and
-    keeps it open (a handful of large files, not one open per image)."""
+    keeps it open (a handful of large files, not one open per image). `command` is what the
+    errors name to write the shards again."""
 
-    def __init__(self, split: ShardSplit, transform=None, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    def __init__(
+        self,
+        split: ShardSplit,
+        transform=None,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        command: str = "make shards",
+    ):
         super().__init__(split.folder_index(), transform, mean, std)
+        self.command = command
         self.shard_paths = [os.path.join(split.folder, name) for name, _, _ in split.shards]
         self.shard_sizes = [size for _, size, _ in split.shards]
         counts = [n for _, _, n in split.shards]
@@ -143,6 +152,10 @@ class ShardImages(ImageFiles):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_open": {}}  # descriptors stay with their process
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_open", {}).values():  # this process's own (forked: copies)
+            os.close(fd)
 
     def path(self, i: int) -> str:
         """The sample as errors name it: its shard and its file in the folder."""
@@ -168,13 +181,13 @@ class ShardImages(ImageFiles):
             except OSError as err:
                 raise DataError(
                     f"cannot read shard {path} ({err.strerror}): restore it, or rerun "
-                    "make shards to write it"
+                    f"`{self.command}` to write it"
                 ) from None
             if os.fstat(fd).st_size != self.shard_sizes[k]:
                 os.close(fd)
                 raise DataError(
                     f"shard {path} is not the {self.shard_sizes[k]} bytes the index says "
-                    "(truncated or overwritten): rerun make shards, which rewrites it"
+                    f"(truncated or overwritten): rerun `{self.command}`, which rewrites it"
                 )
             self._open[k] = fd
         return fd

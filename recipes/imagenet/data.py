@@ -133,4 +133,7 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
 def shard_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     folder, aug = shards_folder(cfg), cfg.augment
     train, val = (load_split(folder, s, MAKE_SHARDS, cfg.shard_cache) for s in ("train", "val"))
-    return ShardImages(train, TrainTransform(aug)), ShardImages(val, eval_transform(aug))
+    return (
+        ShardImages(train, TrainTransform(aug), command=MAKE_SHARDS),
+        ShardImages(val, eval_transform(aug), command=MAKE_SHARDS),
+    )
