@@ -105,7 +105,8 @@ def split_of(doc: dict, folder: Path, split: str) -> ShardSplit:
 
 
 def check_shards(split: ShardSplit, command: str) -> None:
-    """Every shard is there, readable and of the size the index says (a stat each, no read)."""
+    """Every shard is there, readable and of the size the index says (a stat and an open
+    each, no read)."""
     for name, size, _ in split.shards:
         path = os.path.join(split.folder, name)
         try:
@@ -250,7 +251,12 @@ def _copy_once(source: str, local: Path, name: str, size: int) -> bool:
 def load_split(folder: Path, split: str, command: str, cache_dir: str = "") -> ShardSplit:
     """One split of the shards at folder (checked), or of their node-local copies."""
     doc = read_index(folder, command)
-    part = split_of(doc, Path(folder).resolve(), split)
+    try:
+        part = split_of(doc, Path(folder).resolve(), split)
+    except (KeyError, TypeError, ValueError) as err:  # written by another program, or edited
+        raise DataError(
+            f"{index_path(folder)} does not describe the {split} split ({err!r}): rerun `{command}`"
+        ) from None
     check_shards(part, command)
     return cached_copies(part, Path(cache_dir), index_path(folder)) if cache_dir else part
 
