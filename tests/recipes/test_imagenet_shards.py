@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from engine import cli
+from engine.config import ConfigError
 from engine.data.errors import DataError
+from engine.data.loaders import SeededSamples
 from engine.seeding import seed_sample
 from launch import cli as launch_cli
 from recipes.imagenet.data import DataConfig, build_datasets
@@ -188,6 +190,23 @@ def test_a_damaged_shard_or_sample_stops_in_one_line_naming_it_and_the_fix(comma
         assert lines[-1].startswith("error: ") and str(folder) in lines[-1], (case, lines[-1])
         assert names in lines[-1] and fix in lines[-1], (case, lines[-1])
     assert digits.returncode == 2 and "no shard form" in digits.stderr
+
+
+def test_skip_bad_replaces_an_undecodable_sample_from_a_shard_as_from_the_folder(command_lines):
+    """data.skip_bad's rule, unchanged: the next readable sample, loaded with the bad one's
+    seed, in its place, counted as replaced."""
+    root, folders, _ = command_lines
+    cfg = DataConfig(format="shards", shards=str(folders["undecodable sample"]), skip_bad=True)
+    train = SeededSamples(build_datasets(cfg)[0], skip_bad=True)
+    with contextlib.redirect_stderr(io.StringIO()) as warned:
+        x, _, index, replaced = train[(8, 77, 0)]
+    assert (index, replaced) == (8, 1) and "train-000001.tar (n00000001/" in warned.getvalue()
+    assert torch.equal(x, train[(9, 77, 0)].x)
+
+
+def test_gpu_decoding_with_shards_is_refused_in_one_line(images):
+    with pytest.raises(ConfigError, match="data.decode=gpu reads the class folders"):
+        build_datasets(DataConfig(root=str(images), format="shards", decode="gpu"))
 
 
 def test_make_shards_renders_the_engines_command(capsys):
