@@ -134,7 +134,6 @@ DAMAGE = {
     "truncated shard": ("train-000001.tar is", "rerun `make shards RECIPE=imagenet`"),
     "missing shard": ("train-000001.tar (No such file", "rerun `make shards RECIPE=imagenet`"),
     "no index": ("no shard index at", "make shards RECIPE=imagenet"),
-    "undecodable sample": ("unreadable sample", "data.skip_bad=true"),
 }
 RESUMED = [*TINY, "data.format=shards", "train.max_steps=3"]
 
@@ -151,11 +150,11 @@ def command_lines(images, tmp_path_factory, train_here):
     train_here(root, "halves", *common, "train.stop_at_step=2", recipe="imagenet")
     resume = ["imagenet", *common, f"run.root={root}", "run.name=halves"]
     resume.append(f"data.shard_cache={root / 'node-local'}")
-    folders = {case: damaged(images, root, case) for case in DAMAGE}
+    folders = {case: damaged(images, root, case) for case in [*DAMAGE, "undecodable sample"]}
     argvs = [
         ["imagenet", *TINY, f"run.root={root}", f"run.name={i}", "train.max_steps=3"]
         + ["loader.num_workers=0", f"data.root={images}", "data.format=shards", f"data.shards={f}"]
-        for i, f in enumerate(folders.values())
+        for i, f in enumerate(folders[case] for case in DAMAGE)
     ]
     calls = engine_calls(resume, *argvs, ["digits", f"run.root={root}", "--make-shards"])
     return root, folders, calls
@@ -182,9 +181,8 @@ def test_a_run_stopped_mid_epoch_resumes_from_node_local_shard_copies_bitwise(
 
 def test_a_damaged_shard_or_sample_stops_in_one_line_naming_it_and_the_fix(command_lines):
     _, folders, (_, *calls, digits) = command_lines
-    for (case, (names, fix)), folder, out in zip(
-        DAMAGE.items(), folders.values(), calls, strict=True
-    ):
+    for (case, (names, fix)), out in zip(DAMAGE.items(), calls, strict=True):
+        folder = folders[case]
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and "Traceback" not in out.stderr, (case, out.stderr)
         assert lines[-1].startswith("error: ") and str(folder) in lines[-1], (case, lines[-1])
@@ -192,11 +190,16 @@ def test_a_damaged_shard_or_sample_stops_in_one_line_naming_it_and_the_fix(comma
     assert digits.returncode == 2 and "no shard form" in digits.stderr
 
 
-def test_skip_bad_replaces_an_undecodable_sample_from_a_shard_as_from_the_folder(command_lines):
-    """data.skip_bad's rule, unchanged: the next readable sample, loaded with the bad one's
-    seed, in its place, counted as replaced."""
-    root, folders, _ = command_lines
-    cfg = DataConfig(format="shards", shards=str(folders["undecodable sample"]), skip_bad=True)
+def test_an_undecodable_sample_from_a_shard_meets_todays_bad_sample_rule(command_lines):
+    """It stops the run naming the shard and its file (the engine's one line for an unreadable
+    sample: tests/recipes/test_imagenet.py); with data.skip_bad the next readable sample,
+    loaded with the bad one's seed, takes its place, counted as replaced."""
+    _, folders, _ = command_lines
+    cfg = DataConfig(format="shards", shards=str(folders["undecodable sample"]))
+    with pytest.raises(
+        DataError, match=r"unreadable sample .*train-000001.tar \(n00000001/.*data.skip_bad=true"
+    ):
+        SeededSamples(build_datasets(cfg)[0])[(8, 77, 0)]
     train = SeededSamples(build_datasets(cfg)[0], skip_bad=True)
     with contextlib.redirect_stderr(io.StringIO()) as warned:
         x, _, index, replaced = train[(8, 77, 0)]
