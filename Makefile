@@ -28,7 +28,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train eval recipes config test test-fast test-container submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
+.PHONY: train eval recipes config shards test test-fast test-container submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
 
 # The venv is rebuilt when it is missing or older than the lock.
 $(STAMP): requirements.lock
@@ -54,6 +54,13 @@ recipes: $(STAMP)
 # The resolved config of a request, as the run saves it: save it and rerun it with CONFIG=FILE.
 config: $(STAMP)
 	@$(PY) -m launch config
+
+# The recipe's class folders (data.root) as tar shards plus an index (data.shards, default
+# <data.root>/shards), which training reads with ARGS=data.format=shards; one line per shard.
+# Rerun after a stop, it keeps the whole shards and writes the rest:
+#   make shards RECIPE=imagenet ARGS="data.root=/data/imagenet data.shards=/lustre/imagenet-shards"
+shards: $(STAMP)
+	@$(PY) -m launch shards
 
 dry-run: $(STAMP)
 	@DRY_RUN=1 $(PY) -m launch train

@@ -4,6 +4,7 @@
     python -m engine.train --config FILE [key=value ...]    (the file names its recipe)
     python -m engine.train RECIPE [...] --print-config | --check N[,M...]
     python -m engine.train RECIPE [...] --eval PATH [--ema] [--out FILE] [--spawn N]
+    python -m engine.train RECIPE [...] --make-shards
     python -m engine.train [RECIPE] --help
 
 The config: engine defaults < the recipe's config.yaml < the variant or config file < W&B's
@@ -50,7 +51,8 @@ from engine.weights import sources
 
 USAGE = (
     "usage: python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] "
-    "[--spawn N | --check N[,M...] | --print-config | --eval PATH [--ema] [--out FILE] | --help]"
+    "[--spawn N | --check N[,M...] | --print-config | --eval PATH [--ema] [--out FILE] | "
+    "--make-shards | --help]"
 )
 
 OPTIONS = f"""{USAGE}
@@ -74,6 +76,8 @@ options:
                       as JSON beside it (<name>.eval.json); no training, no run directory
   --ema               with --eval: the checkpoint's averaged weights (EMA)
   --out FILE          with --eval: write the result here instead
+  --make-shards       write the recipe's data as shards (data.shards) that data.format=shards
+                      reads, then exit; rerun after a stop, it continues (make shards)
   -h, --help          this help; after RECIPE, the recipe's values and its model and data
                       keys
   --help-all          also the sections for tests (fault.*)
@@ -104,6 +108,7 @@ class Request:
     evaluate: str = ""  # --eval PATH: score these weights, train nothing
     ema: bool = False  # --eval --ema
     out: str = ""  # --eval --out FILE
+    make_shards: bool = False  # --make-shards: write the data's shards, train nothing
 
     def eval_flags(self) -> list[str]:
         """--eval and its options as given, for the processes --spawn starts."""
@@ -113,7 +118,14 @@ class Request:
         return flags + (["--out", self.out] if self.out else [])
 
 
-SWITCHES = (("-h", "--help"), ("--help-all",), ("--print-config",), ("--data-here",), ("--ema",))
+SWITCHES = (
+    ("-h", "--help"),
+    ("--help-all",),
+    ("--print-config",),
+    ("--data-here",),
+    ("--ema",),
+    ("--make-shards",),
+)
 # Value flags in the order their values are checked: the first problem found is the one told.
 VALUE_FLAGS = ("--eval", "--out", "--spawn", "--check", "--config")
 _NO_VALUE = object()  # a value flag given last, or followed by a flag or a `--`
@@ -201,6 +213,7 @@ def parse_argv(argv: list[str]) -> Request:
     request = Request(recipe, config, args, spawn, check, flags.data_here, flags.print_config)
     request.help, request.help_all = wants_help, flags.help_all
     request.evaluate, request.ema, request.out = evaluate, flags.ema, out
+    request.make_shards = flags.make_shards
     return request
 
 
@@ -242,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, recipe = load(request)
         if request.check or request.print_config:
             return check_or_print(request, cfg, recipe)
+        if request.make_shards:
+            return make_shards(request, cfg, recipe)
         return run(request, cfg, recipe)
     except C.ConfigError as err:
         if is_rank_zero():
@@ -298,6 +313,17 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     else:
         sizes = ", ".join(map(str, request.check))
         print(f"config ok for {' or '.join(sizes.rsplit(', ', 1))} processes")
+    return 0
+
+
+def make_shards(request: Request, cfg: C.Config, recipe: Recipe) -> int:
+    """--make-shards: the recipe's data as shards, written here (one process, no run)."""
+    if recipe.make_shards is None:
+        raise C.ConfigError(
+            f"recipe {request.recipe} has no shard form of its data (only image recipes "
+            "read class folders: make shards RECIPE=imagenet)"
+        )
+    recipe.make_shards(catalog.data_here(cfg))
     return 0
 
 

@@ -86,6 +86,10 @@ class Recipe:
     # no file reads) and raises a one-line DataError naming what is missing: launch runs it
     # before starting or queueing anything. None: nothing to look at (packaged or generated).
     check_data: Callable[[Any], None] | None = None
+    # make_shards(data_config) packs the data at data.root into a few large files that
+    # training reads instead (make shards; image recipes: engine.vision.shards), with progress,
+    # and continues where a stopped run left off. None: the recipe's data has no shard form.
+    make_shards: Callable[[Any], None] | None = None
 
 
 # ---------------------------------------------------------------- the config sections

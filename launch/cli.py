@@ -295,6 +295,16 @@ def cmd_config(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
     execute(argv)
 
 
+def cmd_shards(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    """make shards: the recipe's data written as shards by the engine (--make-shards), here."""
+    req = dataclasses.replace(request.resolve(args, env, target="local"), run_name="")
+    argv = [req.python, "-m", "engine.train", *render.engine_args(req), "--make-shards"]
+    if request.is_dry(args, env):
+        print(render.shell_join(argv))
+        return 0
+    execute(argv)
+
+
 def cmd_sweep(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     return sweep.main(args, env, argv)
 
@@ -346,6 +356,7 @@ HANDLERS: dict[str, Handler] = {
     "render": cmd_run,
     "sbatch": cmd_run,
     "config": cmd_config,
+    "shards": cmd_shards,
     "recipes": cmd_recipes,
     "report": cmd_report,
     "compare": cmd_compare,

@@ -222,17 +222,18 @@ def folder_fingerprint(
     labels: np.ndarray,
     content: bool = False,
     cache_dir: Path | None = None,
+    digests: list[str] | None = None,
 ) -> dict:
     """The split's index (names, sizes, labels: no file read) hashed class by class, or with
     content=True the files' bytes (engine.data.fingerprint's form, with the per-class parts
-    and, for a small split, the names that let a refusal name the first difference)."""
+    and, for a small split, the names that let a refusal name the first difference). digests:
+    each file's sha256 where the bytes are read elsewhere (shards), else from the files."""
     names = [os.fsdecode(f) for f in files.tolist()]
     bounds = np.searchsorted(labels, np.arange(len(classes) + 1))
-    digests = (
-        content_digests(root, names, Path(cache_dir or default_cache_dir(Path(root))))
-        if content
-        else None
-    )
+    if content and digests is None:
+        digests = content_digests(root, names, Path(cache_dir or default_cache_dir(Path(root))))
+    elif not content:
+        digests = None
     parts, index_parts, content_parts = {}, [], []
     for label, cls in enumerate(classes):
         a, b = int(bounds[label]), int(bounds[label + 1])
@@ -365,9 +366,12 @@ class ImageFiles(Dataset):
 
     def fingerprint(self, content: bool = False) -> dict:
         """The split's fingerprint: its index, or with content=True its files' bytes."""
+        return self._fingerprint(content)
+
+    def _fingerprint(self, content: bool, digests: list[str] | None = None) -> dict:
         cache = Path(self.cache_dir) if self.cache_dir else None
         return folder_fingerprint(
-            self.root, self.classes, self.files, self.sizes, self.labels, content, cache
+            self.root, self.classes, self.files, self.sizes, self.labels, content, cache, digests
         )
 
     def __len__(self) -> int:
@@ -381,9 +385,12 @@ class ImageFiles(Dataset):
     def path(self, i: int) -> str:
         return os.path.join(self.root, os.fsdecode(self.files[i]))
 
+    def read(self, i: int) -> torch.Tensor:
+        """Sample i's file, its bytes as a 1-D uint8 tensor, or BadSample."""
+        return read_bytes(self.path(i))
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        path = self.path(i)
-        image = decode_rgb(read_bytes(path), path)
+        image = decode_rgb(self.read(i), self.path(i))
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.labels[i])

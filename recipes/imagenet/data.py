@@ -1,7 +1,8 @@
 """ImageNet in its folder layout (`train/<wnid>/*.JPEG`, `val/<wnid>/*.JPEG` at data.root),
 decoded and augmented per sample by the engine's image pipeline (or, with `decode: gpu`,
-decoded and augmented on the training device per batch); or, with `synthetic`, random
-images of the same shape, to measure throughput without data."""
+decoded and augmented on the training device per batch); with `format: shards`, the same
+files read from the tar shards `make shards RECIPE=imagenet` wrote (engine.vision.shards);
+or, with `synthetic`, random images of the same shape, to measure throughput without data."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from engine.vision.imagefolder import (
     folder_indexes,
 )
 from engine.vision.images import ImageAugment, TrainTransform, eval_transform
+from engine.vision.shards import ShardImages, load_split, read_index, write_shards
 from engine.vision.synthetic import SyntheticImages
 
 # What the layout's errors tell a user who has no ImageNet at data.root yet.
@@ -31,6 +33,7 @@ HELP = FolderHelp(
     "(e.g. by the valprep.sh script)",
     sort="val/ as downloaded is flat: sort it into class folders, e.g. by valprep.sh",
 )
+MAKE_SHARDS = "make shards RECIPE=imagenet"
 
 
 @dataclass
@@ -46,6 +49,15 @@ class DataConfig:
     # workers instead, as DALI's hw_decoder_load: CPU cores left idle by decode=gpu take part
     # of the decoding off the device. bench/gpu.sh measures the split; 0: the device decodes all
     cpu_decode_share: float = bounded(0.0, ge=0.0, le=1.0)
+    # folder: the class folders at data.root; shards: the same images from the tar shards
+    # that `make shards RECIPE=imagenet` writes (a few large files instead of one per image,
+    # for shared file systems); the same bytes, so the same training, bit for bit
+    format: Literal["folder", "shards"] = "folder"
+    shards: str = ""  # where make shards writes and data.format=shards reads; "": <root>/shards
+    shard_mb: float = bounded(1024.0, gt=0.0)  # make shards: MB of images per shard
+    # a node-local folder (e.g. /tmp or local NVMe): every shard is copied there once per
+    # node, whole or not at all, and read from there; "": read where data.shards is
+    shard_cache: str = ""
     synthetic: bool = False  # random images: throughput with no data on disk
     synthetic_train: int = bounded(1_281_167, ge=1)  # ImageNet-1k's sizes
     synthetic_val: int = bounded(50_000, ge=1)
@@ -59,11 +71,27 @@ def imagenet_indexes(root: Path, cache_dir: Path | None = None) -> tuple[FolderI
     return folder_indexes(root, cache_dir, HELP)
 
 
+def shards_folder(cfg: DataConfig) -> Path:
+    return Path(cfg.shards) if cfg.shards else Path(cfg.root) / "shards"
+
+
 def check_data(cfg: DataConfig) -> None:
-    """ImageNet's folders at data.root (no file is read), unless the data is synthetic."""
+    """ImageNet's folders at data.root, or the shards' index (no file is read), unless the
+    data is synthetic."""
     check_decode(cfg)
-    if not cfg.synthetic:
+    if cfg.synthetic:
+        return
+    if cfg.format == "shards":
+        read_index(shards_folder(cfg), MAKE_SHARDS)
+    else:
         check_layout(Path(cfg.root), HELP)
+
+
+def make_shards(cfg: DataConfig) -> None:
+    """make shards RECIPE=imagenet: the class folders at data.root as shards in data.shards."""
+    cache = Path(cfg.index_cache) if cfg.index_cache else None
+    size = int(cfg.shard_mb * 1e6)
+    write_shards(Path(cfg.root), shards_folder(cfg), size, HELP, cache)
 
 
 def check_decode(cfg: DataConfig) -> None:
@@ -71,6 +99,11 @@ def check_decode(cfg: DataConfig) -> None:
         raise ConfigError(
             f"data.cpu_decode_share={cfg.cpu_decode_share} splits decode=gpu's decoding with "
             "the loader workers: set data.decode=gpu with files, or leave the share at 0"
+        )
+    if cfg.format == "shards" and cfg.decode == "gpu" and not cfg.synthetic:
+        raise ConfigError(
+            "data.decode=gpu reads the class folders: use data.format=folder with it, or "
+            "data.decode=cpu with data.format=shards"
         )
 
 
@@ -84,6 +117,8 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         )
     if cfg.decode == "gpu":
         check_augment(aug)  # a config mistake: said before the data is read
+    if cfg.format == "shards":
+        return shard_datasets(cfg)
     cache = Path(cfg.index_cache) if cfg.index_cache else None
     train, val = imagenet_indexes(Path(cfg.root), cache)
     if cfg.decode == "gpu":
@@ -93,3 +128,12 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
             DeviceDecodedFiles(val, aug, train=False, cpu_share=share),
         )
     return ImageFiles(train, TrainTransform(aug)), ImageFiles(val, eval_transform(aug))
+
+
+def shard_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
+    folder, aug = shards_folder(cfg), cfg.augment
+    train, val = (load_split(folder, s, MAKE_SHARDS, cfg.shard_cache) for s in ("train", "val"))
+    return (
+        ShardImages(train, TrainTransform(aug), command=MAKE_SHARDS),
+        ShardImages(val, eval_transform(aug), command=MAKE_SHARDS),
+    )

@@ -17,6 +17,7 @@ import torch
 import torchvision
 
 from engine.export import write as write_export
+from recipes.imagenet.data import DataConfig, make_shards
 from recipes.imagenet.example import write_example
 from tests import helpers
 
@@ -71,26 +72,42 @@ def foreign(tmp_path_factory) -> dict:
     }
 
 
+def fine_tune_args(foreign: dict, kind: str, *more: str) -> list[str]:
+    path, extra, _ = foreign["files"][kind]
+    return [
+        *TINY,
+        f"data.root={foreign['root'] / 'images'}",
+        f"model.init_from={path}",
+        "model.num_classes=10",
+        'optim.lr_mult=["fc.*=1", "*=0"]',
+        "log.every_steps=1",
+        *extra,
+        *more,
+    ]
+
+
+@pytest.fixture(scope="module")
+def two_process_fine_tune(foreign) -> Path:
+    """timm's DDP checkpoint fine-tuned on 2 processes from the image folder, once: its test
+    below reads it, and so does the same run from the folder's shards."""
+    root = foreign["root"] / "runs"
+    args = fine_tune_args(foreign, "timm-ema", "--spawn", "2")
+    helpers.run_engine(root, "timm-ema", *args, recipe="imagenet")
+    return root
+
+
 @pytest.mark.parametrize("kind", ["torchvision", "timm-ema", "safetensors"])
-def test_fine_tune_from_each_format(foreign, kind, train_here):
+def test_fine_tune_from_each_format(foreign, kind, train_here, request):
     """A 10-class head on a 1000-class file: exactly the head is re-initialised; the backbone
     at lr x 0 stays the file's (its EMA for timm's), the head trains; the file is recorded.
     timm's DDP checkpoint starts 2 processes (every rank reads the file); the others, whose
     reading does not depend on the rank, 1."""
     path, extra, processes = foreign["files"][kind]
     root = foreign["root"] / "runs"
-    args = [
-        *TINY,
-        f"data.root={foreign['root'] / 'images'}",
-        f"model.init_from={path}",
-        "model.num_classes=10",
-        'optim.lr_mult=["fc.*=1", "*=0"]',
-        *extra,
-    ]
     if processes > 1:
-        helpers.run_engine(root, kind, *args, "--spawn", str(processes), recipe="imagenet")
+        request.getfixturevalue("two_process_fine_tune")
     else:  # nothing here depends on the process: trained in the test's
-        train_here(root, kind, *args, recipe="imagenet")
+        train_here(root, kind, *fine_tune_args(foreign, kind), recipe="imagenet")
     log = (helpers.run_dir(root, kind, "imagenet") / "train.log").read_text()
     assert "re-initialised 2 (fc.weight, fc.bias), left unused 0" in log
     run = helpers.run_dir(root, kind, "imagenet")
@@ -104,6 +121,32 @@ def test_fine_tune_from_each_format(foreign, kind, train_here):
     backbone = [n for n in params if not n.startswith("fc.")]
     assert all(torch.equal(trained[n], source[n]) for n in backbone)
     assert trained["fc.weight"].shape == (10, 512)
+
+
+def test_the_two_process_fine_tune_from_shards_is_the_folders_bit_for_bit(
+    foreign, two_process_fine_tune
+):
+    """The same two gloo processes reading the folder's tar shards (make shards,
+    data.format=shards) train the same bits: every loss, evaluation and weight (BN statistics too).
+    Here rather than beside the other shard tests (tests/recipes/test_imagenet_shards.py):
+    it reuses this module's 2-process run from the folder as its reference."""
+    root, images = two_process_fine_tune, foreign["root"] / "images"
+    shards = foreign["root"] / "shards"
+    make_shards(DataConfig(root=str(images), shards=str(shards)))
+    more = ["data.format=shards", f"data.shards={shards}", "--spawn", "2"]
+    helpers.run_engine(
+        root, "shards", *fine_tune_args(foreign, "timm-ema", *more), recipe="imagenet"
+    )
+    folder, sharded = (
+        helpers.final_checkpoint(root, n, "imagenet") for n in ("timm-ema", "shards")
+    )
+    assert helpers.same_weights(folder["model"], sharded["model"])
+    for kind in ("train", "eval"):
+        runs = [helpers.records(root, n, kind, "imagenet") for n in ("timm-ema", "shards")]
+        assert [r["loss"] for r in runs[0]] == [r["loss"] for r in runs[1]] and runs[0]
+    assert folder["data"]["train"]["sha256"] == sharded["data"]["train"]["sha256"]
+    env = json.loads((helpers.run_dir(root, "shards", "imagenet") / "env.json").read_text())
+    assert env["data"]["train"]["summary"].endswith("bytes in 1 shard")
 
 
 def test_named_weights_missing_from_the_cache_is_one_line(foreign, tmp_path):
