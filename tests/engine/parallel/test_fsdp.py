@@ -22,6 +22,7 @@ import yaml
 from engine import checkpoint as ckpt
 from engine import export
 from engine.config import build_section, with_weights_init
+from engine.faults import InjectedFault
 from recipes.gpt.model import ModelConfig, flops_per_token
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
 
@@ -191,6 +192,20 @@ def test_a_checkpoint_killed_mid_write_is_never_chosen_and_the_last_resumes_bitw
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]
 
 
+def test_a_run_failing_while_a_checkpoint_is_written_in_the_background_waits_and_keeps_it(
+    tmp_path, train_here
+):
+    """Step 4's checkpoint is still unpublished (ckpt.async_save publishes it at the next
+    save) when step 6 fails: on the way out the run waits for the write and publishes it,
+    and a rerun resumes from it. (One process, this one: tests/engine/conftest.py.)"""
+    same = ["train.max_steps=8", "ckpt.every_steps=4", "dist.strategy=fsdp"]
+    with pytest.raises(InjectedFault):
+        train_here(tmp_path, "failed", *same, "ckpt.async_save=true", "fault.raise_at_step=6")
+    folder = run_dir(tmp_path, "failed") / "checkpoints"
+    assert [p.name for p in folder.iterdir()] == ["step-00000004"]  # complete, nothing partial
+    assert ckpt.latest_valid(folder)[1]["step"] == 4
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below pid (torchrun starts its ranks in sessions of their own)."""
     found = []
@@ -205,6 +220,7 @@ EVALUATE = """
 import json, sys
 import torch
 from engine.config import build_section, with_weights_init
+from engine.faults import InjectedFault
 from recipes.gpt.recipe import RECIPE
 losses = []
 for config, weights in json.loads(sys.argv[1]):
