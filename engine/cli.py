@@ -30,6 +30,7 @@ import torch
 from engine import catalog, preempt, rundir
 from engine import config as C
 from engine import distributed as D
+from engine import parallel as P
 from engine import recipe as contract
 from engine import weights as home
 from engine.data.sampler import check_elastic
@@ -360,6 +361,8 @@ def preflight(cfg: C.Config, *world_sizes: int, training: bool = True) -> None:
     Evaluation alone splits no training batch, so any process count scores."""
     if training:
         check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, sorted(set(world_sizes)))
+    for world_size in sorted(set(world_sizes)):
+        P.check_layout(cfg, world_size)
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
     if cfg.run.name:

@@ -67,10 +67,13 @@ class Run:
 
     def close(self) -> None:
         """Ends what runs beside the loop, in order: the thread finishing batches ahead (it
-        runs device code, which must not outlive the interpreter), then the hold on the run
-        directory, free for the next launch."""
+        runs device code, which must not outlive the interpreter), a checkpoint still being
+        written after an error (waited for; published if complete: engine.checkpoint.sharded),
+        then the hold on the run directory, free for the next launch."""
         if hasattr(self.feed.loader, "close"):
             self.feed.loader.close()
+        if self.records.writer is not None:
+            self.records.writer.close()
         if self.records.lock_fd is not None:
             rundir.release(self.records.lock_fd)
             self.records.lock_fd = None

@@ -19,7 +19,7 @@ from engine import distributed as D
 from engine import parallel as P
 from engine import recipe as contract
 from engine import weights as home
-from engine.checkpoint.state import check_resumable, restore, resume_source
+from engine.checkpoint.state import background_writer, check_resumable, restore, resume_source
 from engine.data import fingerprint, shm
 from engine.data.device import DeviceImages
 from engine.data.loaders import SeededSamples, train_loader
@@ -69,9 +69,10 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
 
 
 def check_request(
-    cfg: C.Config, recipe: Recipe, strategy: Strategy, device: torch.device, dtype
+    cfg: C.Config, recipe: Recipe, strategy: Strategy, device: torch.device, dtype, world_size: int
 ) -> None:
     """What the recipe and strategy cannot do, refused before anything is built or written."""
+    P.check_layout(cfg, world_size)
     if strategy.fsdp:
         P.check_fsdp(cfg.dist, device, dtype, cfg.ema.decay > 0)
     if cfg.eval.hflip_tta and recipe.mirror is None:
@@ -106,7 +107,7 @@ def setup(
     plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
     dtype = amp_dtype(cfg.train.amp, device)
     strategy = P.resolve_strategy(cfg.dist.strategy, denv)
-    check_request(cfg, recipe, strategy, device, dtype)
+    check_request(cfg, recipe, strategy, device, dtype, denv.world_size)
     decided = Decisions(cfg, recipe, denv, device, strategy, plan, dtype)
     seed_process(cfg.seed, denv.rank)
     data = build_datasets(cfg, recipe)
@@ -140,7 +141,7 @@ def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.dev
     loader, and no run directory claimed or written."""
     dtype = amp_dtype(cfg.train.amp, device)
     strategy = P.resolve_strategy(cfg.dist.strategy, denv)
-    check_request(cfg, recipe, strategy, device, dtype)
+    check_request(cfg, recipe, strategy, device, dtype, denv.world_size)
     decided = Decisions(cfg, recipe, denv, device, strategy, None, dtype)
     seed_process(cfg.seed, denv.rank)
     train_data, eval_data = build_datasets(cfg, recipe)
@@ -204,6 +205,8 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     if not on_meta:
         model = model.to(device, memory_format=layout)
     ema = None if on_meta else build_ema(model, cfg.ema)
+    if strategy.shards and decided.denv.is_main:
+        log(P.describe_mesh(cfg.dist, decided.denv.world_size))
     wrapped, eval_model = P.wrap(
         model, P.recipe_blocks(recipe, model, cfg), cfg, strategy, decided.denv, device,
         decided.plan.accum_steps if decided.plan else 1, decided.dtype,
@@ -253,7 +256,9 @@ def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Ru
             first_bad_step=torch.zeros((), dtype=torch.long, device=device),
         ),
         records=Records(
-            speed=speed_inputs(decided.recipe, cfg, device, denv.world_size), config=cfg
+            speed=speed_inputs(decided.recipe, cfg, device, denv.world_size),
+            config=cfg,
+            writer=background_writer(cfg, decided.strategy),
         ),
     )
 

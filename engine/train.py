@@ -417,7 +417,9 @@ def fit_or_explain(run: Run) -> str | None:
     """fit(), with a peer that hung or died turned from a transport error into a line that
     says what this rank was doing and what to look for."""
     try:
-        return fit(run)
+        reason = fit(run)
+        checkpoint_state.finish_writing(run)  # ckpt.async_save: the last one published
+        return reason
     except OSError as err:  # the run directory's disk is full, read-only or gone
         newest = ckpt.list_checkpoints(run.run_dir / "checkpoints")
         intact = f"{newest[0].name} is intact" if newest else "no checkpoint was saved"

@@ -13,18 +13,27 @@ half way leaves the `.partial` directory, which list_checkpoints never returns a
 rundir.remove_partial_checkpoints clears.
 
 save and load are collectives when a process group is initialised (every rank calls
-them) and work in one process without one. A failure on any rank reaches every rank
+them) and work in one process without one.
+
+BackgroundWriter (ckpt.async_save) splits save in two: start copies this rank's shards into
+CPU memory, writes meta.pt and returns, while a thread writes the copy (DCP's async_save);
+finish, called before the next save and at the end of training, waits for that write and
+publishes the checkpoint by the same rename. close, on the way out after an error, waits
+for it and lets rank 0 publish it if it completed, with no collective. A failure on any rank reaches every rank
 together: an OSError (full disk, permissions) is raised on every rank as the same OSError
 whose strerror names the reason and the rank, so the caller can print one line and no rank
 is left waiting at a barrier."""
 
 from __future__ import annotations
 
+import datetime
 import errno
 import shutil
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +52,10 @@ from engine.distributed import gather_objects
 
 META = "meta.pt"
 DCP_METADATA = ".metadata"
+
+
+class SaveFailed(RuntimeError):
+    """A save failed on some rank for a reason other than the disk's (raised on every rank)."""
 
 
 def is_sharded(path: Path) -> bool:
@@ -71,6 +84,93 @@ def save(
     if pause_s:
         time.sleep(pause_s)  # fault tests kill the process here: shards written, not renamed
     _together(lambda: main and _publish(partial, path), "renaming")
+
+
+@dataclass
+class Writing:
+    """A checkpoint whose shards a background thread is writing into its partial directory."""
+
+    path: Path
+    future: Future
+    pause_s: float  # fault tests stall here, before the rename
+
+
+class BackgroundWriter:
+    """Sharded checkpoints written while training goes on (ckpt.async_save). One at a time:
+    start refuses while one is being written (finish it first). Created on every rank
+    alike: under a process group, its creation is a collective."""
+
+    def __init__(self, timeout_s: float):
+        # A gloo group of the writer's own: DCP's collectives in the writing thread would
+        # otherwise share the default group with training's, interleaved in another order on
+        # each rank. gloo also on GPUs: async_save needs a CPU backend for its staged copy.
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if _distributed() else None
+        self.writing: Writing | None = None
+        if self.group is None:  # DCP's note that it assumes one process, said in the thread
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+    def start(
+        self,
+        path: Path,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meta: dict,
+        pause_s: float = 0.0,
+    ) -> None:
+        """A collective: every rank copies its shards into CPU memory (training may change
+        the live ones from here on) and hands them to a thread that writes them; rank 0
+        writes meta.pt. Returns once the copy is made; failures so far are raised as save's."""
+        if self.writing is not None:
+            raise RuntimeError(f"{self.writing.path} is still being written; finish it first")
+        path, main = Path(path), _rank() == 0
+        partial = partial_path(path)
+        _together(lambda: main and _fresh_dir(partial), "preparing")
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+
+        def begin() -> None:  # kept even if another rank failed: close() waits for it
+            self.writing = Writing(path, self._async_save(state, partial), pause_s)
+
+        _together(begin, "copying the shards")
+        _together(lambda: main and atomic_save(meta, partial / META), "writing meta.pt")
+
+    def _async_save(self, state: dict, partial: Path) -> Future:
+        no_dist = self.group is None
+        return dcp.async_save(
+            state, checkpoint_id=partial, process_group=self.group, no_dist=no_dist
+        )
+
+    def finish(self) -> Path | None:
+        """A collective: wait for the checkpoint being written, then publish it (rank 0's
+        rename, agreed by every rank). A failed write on any rank is raised on every rank as
+        save raises it. Returns the published checkpoint, None when none was being written."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return None
+        _together(writing.future.result, "writing the shards")
+        if writing.pause_s:
+            time.sleep(writing.pause_s)  # fault tests kill the process here
+        partial, main = partial_path(writing.path), _rank() == 0
+        _together(lambda: main and _publish(partial, writing.path), "renaming")
+        return writing.path
+
+    def close(self) -> None:
+        """After an error, with no collective (the other ranks may be gone or elsewhere):
+        wait for the write, and on rank 0 publish it if it completed. DCP's save returns on
+        rank 0 only once every rank's shards and the index are written, and meta.pt was
+        written before start returned. A failed write leaves its partial directory, which
+        the next start clears."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return
+        try:
+            writing.future.result()
+        except Exception:  # the error that ends the run is already on its way
+            return
+        partial = partial_path(writing.path)
+        if _rank() == 0 and (partial / META).is_file():
+            _publish(partial, writing.path)
 
 
 def _fresh_dir(folder: Path) -> None:
@@ -112,7 +212,7 @@ def _together(action: Callable[[], Any], doing: str) -> None:
         code, rank, reason = failures[0]
         message = f"{reason} (rank {rank}, {doing})"
         if code is None:
-            raise RuntimeError(f"saving the sharded checkpoint failed: {message}")
+            raise SaveFailed(f"saving the sharded checkpoint failed: {message}")
         raise OSError(code, message)
 
 

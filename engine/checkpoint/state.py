@@ -182,7 +182,9 @@ def save(run: Run) -> None:
     """A collective: every rank contributes its RNG state; rank 0 writes the single file (or
     every rank its shard), and every rank learns whether the checkpoint is complete (a failed
     write stops all of them, not one alone). The checkpoint carries the best checkpoints'
-    ranking with itself ranked in (engine.checkpoint.best)."""
+    ranking with itself ranked in (engine.checkpoint.best). Under ckpt.async_save the
+    checkpoint still being written is published first, then this one starts."""
+    finish_writing(run)
     best.select(run)
     state = run.state_dict()  # a collective: the RNG states of every rank
     if run.net.strategy.fsdp:
@@ -222,15 +224,59 @@ def write_sharded(run: Run, state: dict) -> str | None:
     pause = save_pause(run.cfg.fault, run.progress.step)
     from engine.checkpoint import sharded  # start-up time: imports DCP
 
+    writer = run.records.writer
     try:
+        if writer is not None:  # published, pruned and placed by finish_writing
+            writer.start(path, run.net.bare, run.opt.optimizer, state, pause)
+            return None
         sharded.save(path, run.net.bare, run.opt.optimizer, state, pause)
-        if run.denv.is_main:
-            ckpt.prune(folder, run.cfg.ckpt.keep, path)
     except OSError as err:
         return write_error(run, path, err)
-    if run.denv.is_main:
-        best.place(run, path)
+    return published(run, path)
+
+
+def published(run: Run, path: Path) -> str | None:
+    """Rank 0, once a sharded checkpoint is in place: pruning, then the best checkpoints (a
+    failure there is a warning); the error line when pruning fails."""
+    if not run.denv.is_main:
+        return None
+    try:
+        ckpt.prune(path.parent, run.cfg.ckpt.keep, path)
+    except OSError as err:
+        return write_error(run, path, err)
+    best.place(run, path)
     return None
+
+
+def background_writer(cfg: C.Config, strategy: Strategy):
+    """ckpt.async_save's writer (engine.checkpoint.sharded.BackgroundWriter), made on every
+    rank at set-up (a collective); None: each checkpoint is written before training goes on."""
+    if not (cfg.ckpt.async_save and strategy.fsdp):
+        return None
+    from engine.checkpoint import sharded  # start-up time: imports DCP
+
+    return sharded.BackgroundWriter(cfg.dist.timeout_s)
+
+
+def finish_writing(run: Run) -> None:
+    """A collective under ckpt.async_save: wait for the checkpoint being written in the
+    background, publish it, prune, place the best. Called before the next checkpoint and
+    when training ends; a failed write ends the run in one line on every rank."""
+    writer = run.records.writer
+    if writer is None or writer.writing is None:
+        return
+    from engine.checkpoint.sharded import SaveFailed  # start-up time: imports DCP
+
+    path = writer.writing.path
+    try:
+        writer.finish()
+    except OSError as err:
+        raise RunError(write_error(run, path, err)) from None
+    except SaveFailed as err:  # not the disk's: said as it came
+        raise RunError(f"could not write checkpoint {path}: {err}") from None
+    error = published(run, path)
+    if D.any_rank(error is not None, run.device):
+        raise RunError(error or "another rank could not write the checkpoint (see its error)")
 
 
 def write_error(run: Run, path: Path, err: OSError) -> str:

@@ -162,6 +162,10 @@ class CheckpointConfig:
     every_steps: int = bounded(0, ge=0)  # 0: only at the end of each epoch
     keep: int = bounded(3, ge=1)  # the newest this many checkpoints are kept
     best: int = bounded(1, ge=0)  # also this many best by the headline metric, in best/; 0: off
+    # dist.strategy=fsdp: copy each rank's shards into CPU memory and write them from a
+    # background thread while training goes on (DCP's async_save); the checkpoint still counts
+    # only once complete. Costs a CPU copy of this rank's model and optimizer shards.
+    async_save: bool = False
 
 
 @dataclass
@@ -226,6 +230,10 @@ class DistConfig:
     fsdp_reduce_fp32: bool = True
     # fsdp: keep the sharded parameters, gradients and optimizer states in CPU memory.
     cpu_offload: bool = False
+    # fsdp: hybrid sharding (HSDP) on a 2-D mesh (replicate x shard): the model is sharded
+    # within groups of world size / replicate consecutive ranks (a node) and replicated
+    # across the replicate groups; 1: sharded over all processes. Must divide the world size.
+    replicate: int = bounded(1, ge=1)
 
 
 @dataclass

@@ -49,6 +49,50 @@ def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
     return Strategy(requested)
 
 
+def mesh_shape(dcfg: DistConfig, world_size: int) -> tuple[int, ...]:
+    """FSDP's device mesh: (world_size,) shards over every process; with dist.replicate=R,
+    (R, world_size / R): replicate x shard, each shard group R's consecutive ranks (a node's
+    processes under torchrun and srun), so the weights' all-gathers stay within a node and
+    only the gradients' all-reduce crosses nodes."""
+    replicate = dcfg.replicate
+    return (world_size,) if replicate == 1 else (replicate, world_size // replicate)
+
+
+def check_layout(cfg: Config, world_size: int) -> None:
+    """What dist.replicate and ckpt.async_save need of a run on world_size processes, said
+    before any process starts (engine.cli.preflight) and again at set-up."""
+    replicate, fsdp = cfg.dist.replicate, cfg.dist.strategy == "fsdp"
+    if replicate > 1 and not fsdp:
+        raise ConfigError(
+            f"dist.replicate={replicate} is hybrid sharding, which needs dist.strategy=fsdp "
+            f"(it is {cfg.dist.strategy}); set dist.strategy=fsdp or unset dist.replicate"
+        )
+    if world_size % replicate:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(
+            f"dist.replicate={replicate} does not divide the {world_size} processes of this "
+            f"run; use a divisor of {world_size} ({', '.join(map(str, fits))}), e.g. the "
+            "number of nodes, or unset it"
+        )
+    if cfg.ckpt.async_save and not fsdp:
+        raise ConfigError(
+            "ckpt.async_save writes sharded checkpoints in the background, which needs "
+            f"dist.strategy=fsdp (it is {cfg.dist.strategy}); set dist.strategy=fsdp or unset "
+            "ckpt.async_save"
+        )
+
+
+def describe_mesh(dcfg: DistConfig, world_size: int) -> str:
+    """The mesh FSDP runs on, for the run's log."""
+    shape = mesh_shape(dcfg, world_size)
+    if len(shape) == 1:
+        return f"FSDP2 on a 1-D mesh: sharded over {world_size} processes"
+    return (
+        f"FSDP2 on a 2-D mesh (replicate={shape[0]}, shard={shape[1]}): sharded within groups "
+        f"of {shape[1]} consecutive ranks, replicated over {shape[0]} groups (HSDP)"
+    )
+
+
 def recipe_blocks(recipe, model: nn.Module, cfg: Config) -> list[nn.Module]:
     """The recipe's blocks (shard units, checkpointing units), or [] when it declares none."""
     blocks = list(recipe.blocks(model)) if recipe.blocks else []
@@ -91,9 +135,8 @@ def wrap(
         if compiled:
             for block in blocks:
                 compile_in_place(block)
-        sharded = fsdp.shard(
-            model, blocks, fsdp.device_mesh(device, denv.world_size), cfg.dist, amp
-        )
+        mesh = fsdp.device_mesh(device, mesh_shape(cfg.dist, denv.world_size))
+        sharded = fsdp.shard(model, blocks, mesh, cfg.dist, amp)
         return sharded, sharded
     if strategy.name == "ddp":
         if compiled:

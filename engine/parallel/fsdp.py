@@ -15,9 +15,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from engine.config import ConfigError, DistConfig
 
 
-def device_mesh(device: torch.device, world_size: int) -> DeviceMesh:
-    """One dimension over all processes (the data-parallel and sharding dimension)."""
-    return init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+def device_mesh(device: torch.device, shape: tuple[int, ...]) -> DeviceMesh:
+    """(world,): one dimension over all processes (the data-parallel and sharding one).
+    (replicate, shard): fully_shard on a 2-D mesh is HSDP, parameters placed (Replicate(),
+    Shard(0)): reduce-scattered within a shard group, then all-reduced across the groups."""
+    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    return init_device_mesh(device.type, shape, mesh_dim_names=names)
 
 
 def check(dcfg: DistConfig, device: torch.device, amp: torch.dtype | None, ema: bool) -> None:

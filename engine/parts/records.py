@@ -29,6 +29,8 @@ class Records(Part):
     speed: Speed = transient(default_factory=Speed)
     lock_fd: int | None = transient(default=None)  # rank 0's hold on the run directory
     profiling: Any = transient(default=None)  # engine.profile.Profiling while fit() runs
+    # ckpt.async_save: the checkpoint writer (engine.checkpoint.sharded.BackgroundWriter)
+    writer: Any = transient(default=None)
     config: C.Config | None = transient(default=None)  # recorded redacted by state_dict
     code: dict = recorded(default_factory=dict)  # engine.codeid's identity of the code running
     # engine.data.fingerprint's fingerprints of the training and held-out data

@@ -211,3 +211,31 @@ def test_check_runs_preflight_with_the_given_world_size_not_the_environment(tmp_
     env = clean_env(RANK="0", WORLD_SIZE="2")  # half set: a run would refuse it
     out = engine("digits", "log.wandb=off", "--check", "4", env=env)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "world", "message"),
+    [
+        (
+            ["dist.strategy=fsdp", "dist.replicate=3"],
+            "4",
+            "dist.replicate=3 does not divide the 4 processes of this run; use a divisor of 4 "
+            "(1, 2, 4)",
+        ),
+        (["dist.replicate=2"], "4", "dist.replicate=2 is hybrid sharding, which needs "),
+        (["ckpt.async_save=true"], "2", "ckpt.async_save writes sharded checkpoints in the "),
+        # an elastic range: every world size it may take
+        (["dist.strategy=fsdp", "dist.replicate=2", "train.micro_batch_size=4"], "1,2,4", "the 1 "),
+    ],
+)
+def test_check_refuses_a_sharding_layout_the_world_size_cannot_take(capsys, args, world, message):
+    """Said in one line, exit 2, by the check every launch runs before anything starts."""
+    assert cli.main(["gpt", "device=cpu", "log.wandb=off", *args, "--check", world]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and message in line, line
+
+
+def test_check_passes_hybrid_sharding_with_async_saves(capsys):
+    args = ["dist.strategy=fsdp", "dist.replicate=2", "ckpt.async_save=true", "--check", "4"]
+    assert cli.main(["gpt", "device=cpu", "log.wandb=off", *args]) == 0
+    assert capsys.readouterr().out == "config ok for 4 processes\n"

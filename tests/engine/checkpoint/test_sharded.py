@@ -1,5 +1,6 @@
 """Sharded checkpoints (engine.checkpoint.sharded): round trips bit for bit, N processes
-to one, counted only once complete, listed and pruned beside single-file checkpoints.
+to one, counted only once complete (written in the background too), listed and pruned beside
+single-file checkpoints.
 
 The multi-process cases run this file as a script (`worker`, `slow-save`), so the processes
 are real and the parent checks what they left on disk."""
@@ -102,6 +103,25 @@ def test_round_trip_is_bitwise_and_training_continues_alike(tmp_path):
     step(other, other_opt, 3)
     assert_same(model, optimizer, other, other_opt)
     assert ckpt.load(path)["step"] == 1  # the meta dict, as for resume=<path>
+
+
+def test_a_background_write_holds_the_state_at_its_start_and_counts_once_finished(tmp_path):
+    """ckpt.async_save: start returns with the shards copied; training changes the live
+    weights and optimizer states meanwhile; the checkpoint is listed only after finish, and
+    holds the state of the step it was started at."""
+    model, optimizer = trained(seed=0)
+    writer = sharded.BackgroundWriter(timeout_s=60)
+    path = ckpt.sharded_path(tmp_path, 1)
+    writer.start(path, model, optimizer, {"step": 1})
+    step(model, optimizer, 3)  # the next step, while the copy is being written
+    assert ckpt.list_checkpoints(tmp_path) == []  # not published before finish
+    assert writer.finish() == path and writer.finish() is None
+    assert ckpt.list_checkpoints(tmp_path) == [path]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial left
+    as_started, as_started_opt = trained(seed=0)
+    loaded, loaded_opt = trained(seed=7)
+    assert sharded.load(path, loaded, loaded_opt)["step"] == 1
+    assert_same(loaded, loaded_opt, as_started, as_started_opt)
 
 
 def test_the_same_step_written_again_replaces_it(tmp_path):
@@ -233,6 +253,12 @@ def test_fsdp_on_two_processes_loads_on_one_and_a_full_disk_fails_every_rank(tmp
     assert errors[0] == errors[1], errors
     assert errors[0].startswith("OSError 27: File too large") and "rank 1" in errors[0]
     assert (folder / ".step-00000002.partial").is_dir()
+    # written in the background, the same failure surfaces from finish, not start
+    errors = [(tmp_path / f"async-error-{r}.txt").read_text() for r in (0, 1)]
+    assert errors[0] == errors[1], errors
+    assert errors[0].startswith("start returned; OSError 27: File too large"), errors
+    assert "rank 1, writing the shards" in errors[0], errors
+    assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-00000001"]
 
 
 def test_a_writer_killed_before_the_rename_leaves_no_checkpoint(tmp_path):
@@ -289,8 +315,18 @@ def _worker(rank: int, folder: Path, port: int) -> None:
         error = "no error"
     except OSError as err:
         error = f"OSError {err.errno}: {err.strerror}"
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     (folder / f"error-{rank}.txt").write_text(error)
+    # the same failure in the background (ckpt.async_save): raised by finish on every rank
+    writer = sharded.BackgroundWriter(timeout_s=60)
+    try:
+        writer.start(ckpt.sharded_path(folder / "checkpoints", 3), model, optimizer, meta)
+        error = "start returned"
+        writer.finish()
+        error = "no error"
+    except OSError as err:
+        error = f"{error}; OSError {err.errno}: {err.strerror}"
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    (folder / f"async-error-{rank}.txt").write_text(error)
     dist.barrier()
     # Release the sharded model before the group, as engine.train does: gloo's threads then
     # end with the group rather than during interpreter shutdown (a SIGABRT at exit).

@@ -1,6 +1,7 @@
 """FSDP2 and sharded checkpoints on the gpt recipe, in real processes with gloo on CPU:
-FSDP trains like DDP, a sharded checkpoint resumes bitwise on 2 processes and on 1 with the
-same samples, a checkpoint killed mid-write is never chosen, exports of DDP and FSDP
+FSDP trains like DDP, hybrid sharding (a 2-D mesh on 4 processes) like FSDP, its checkpoint
+resumes on 2 processes and on 1 with the same samples, a checkpoint killed mid-write (in the
+background) is never chosen and the last resumes bitwise, exports of DDP and FSDP
 checkpoints give the run's evaluation loss in a fresh process, and activation checkpointing
 changes nothing but memory."""
 
@@ -21,6 +22,7 @@ import yaml
 from engine import checkpoint as ckpt
 from engine import export
 from engine.config import build_section, with_weights_init
+from engine.faults import InjectedFault
 from recipes.gpt.model import ModelConfig, flops_per_token
 from tests.helpers import QUIET, REPO, engine_env, records, run_dir, run_engine, torchrun
 
@@ -39,6 +41,9 @@ GPT = [
     "log.peak_tflops=1",  # a peak for MFU on the CPU
 ]
 FSDP = [*GPT, "dist.strategy=fsdp"]
+# Hybrid sharding on 4 processes, a (replicate=2, shard=2) mesh, checkpoints written while
+# training goes on
+HSDP = [*FSDP, "dist.replicate=2", "ckpt.async_save=true"]
 # Dropout draws from each rank's RNG stream: a resume on as many processes must restore it.
 DROPOUT = [*FSDP, "model.dropout=0.1"]
 TOLERANCE = 1e-5  # float rounding: gradients summed in another order
@@ -89,6 +94,12 @@ def fsdp(root):
     return root
 
 
+@pytest.fixture(scope="module")
+def hsdp(root):
+    gpt(root, "hsdp", *HSDP, procs=4)
+    return root
+
+
 def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert close(losses(fsdp, "fsdp"), losses(ddp, "ddp"), TOLERANCE)
     # per byte from the first step: an untrained model's loss is ln 256 (a sum per sample,
@@ -114,25 +125,48 @@ def test_fsdp_trains_like_ddp_and_writes_sharded_checkpoints(ddp, fsdp):
     assert train["mfu"] == pytest.approx(train["samples_per_s"] * declared / 2e12)  # 2 x 1 TF
 
 
-def test_a_sharded_checkpoint_resumes_on_one_process(fsdp, train_here, capsys):
-    """The FSDP run's step-4 checkpoint (two processes wrote it) resumed on one (this one:
-    tests/engine/conftest.py): the same samples, the same losses within float rounding."""
-    middle = run_dir(fsdp, "fsdp", "gpt") / "checkpoints" / "step-00000004"
+def test_hybrid_sharding_trains_like_fsdp_and_resumes_on_two_processes(fsdp, hsdp):
+    """4 processes on a (2, 2) mesh train on the same samples per step as 1-D FSDP on 2,
+    with the same losses within float rounding; the step-4 checkpoint it wrote in the
+    background resumes under 1-D FSDP on 2 processes, as if never stopped."""
+    log = (run_dir(hsdp, "hsdp", "gpt") / "train.log").read_text()
+    assert "FSDP2 on a 2-D mesh (replicate=2, shard=2)" in log, log
+    assert trained_ids(hsdp, "hsdp") == trained_ids(fsdp, "fsdp")
+    assert close(losses(hsdp, "hsdp"), losses(fsdp, "fsdp"), TOLERANCE)
+    assert final_eval(hsdp, "hsdp")["count"] == 801 * 64  # every held-out token once
+    assert abs(final_eval(hsdp, "hsdp")["loss"] - final_eval(fsdp, "fsdp")["loss"]) < TOLERANCE
+    folder = run_dir(hsdp, "hsdp", "gpt") / "checkpoints"
+    assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-00000008", "step-00000004"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # nothing partial left
+    middle = folder / "step-00000004"
+    out = gpt(hsdp, "hsdp-on-two", *FSDP, f"resume={middle}")
+    assert f"resuming from {middle} (epoch 0, step 4)" in out.stderr, out.stderr
+    assert trained_ids(hsdp, "hsdp-on-two") == trained_ids(hsdp, "hsdp")[4:]
+    assert close(losses(hsdp, "hsdp-on-two"), losses(hsdp, "hsdp")[4:], TOLERANCE)
+
+
+def test_a_hybrid_sharded_checkpoint_resumes_on_one_process(hsdp, train_here, capsys):
+    """The HSDP run's step-4 checkpoint (four processes wrote it, in the background) resumed
+    on one (this one: tests/engine/conftest.py): the same samples, the same losses within
+    float rounding."""
+    middle = run_dir(hsdp, "hsdp", "gpt") / "checkpoints" / "step-00000004"
     capsys.readouterr()
-    train_here(fsdp, "on-one", *FSDP, f"resume={middle}", recipe="gpt")
+    train_here(hsdp, "on-one", *FSDP, f"resume={middle}", recipe="gpt")
     said = capsys.readouterr().err
     assert f"resuming from {middle} (epoch 0, step 4)" in said, said
-    assert trained_ids(fsdp, "on-one") == trained_ids(fsdp, "fsdp")[4:]
-    assert close(losses(fsdp, "on-one"), losses(fsdp, "fsdp")[4:], TOLERANCE)
-    assert abs(final_eval(fsdp, "on-one")["loss"] - final_eval(fsdp, "fsdp")["loss"]) < 1e-4
+    assert trained_ids(hsdp, "on-one") == trained_ids(hsdp, "hsdp")[4:]
+    assert close(losses(hsdp, "on-one"), losses(hsdp, "hsdp")[4:], TOLERANCE)
+    assert abs(final_eval(hsdp, "on-one")["loss"] - final_eval(hsdp, "hsdp")["loss"]) < 1e-4
 
 
 def test_a_checkpoint_killed_mid_write_is_never_chosen_and_the_last_resumes_bitwise(root):
-    """Killed while writing step 8's checkpoint, the run resumes from step 4's on two
-    processes as if never stopped: the same samples, losses, evaluation and dropout masks
+    """Killed while writing step 8's checkpoint in the background (ckpt.async_save), the run
+    resumes from step 4's on two processes as if never stopped (the uninterrupted run writes
+    its checkpoints before going on): the same samples, losses, evaluation and dropout masks
     (each rank's RNG stream restored)."""
     gpt(root, "uninterrupted", *DROPOUT)
-    args = [*torchrun(2), "gpt", *QUIET, f"run.root={root}", "run.name=killed", *DROPOUT]
+    background = [*DROPOUT, "ckpt.async_save=true"]
+    args = [*torchrun(2), "gpt", *QUIET, f"run.root={root}", "run.name=killed", *background]
     proc = subprocess.Popen(
         [*args, "fault.hang_in_save_at_step=8"],
         cwd=REPO,
@@ -149,13 +183,27 @@ def test_a_checkpoint_killed_mid_write_is_never_chosen_and_the_last_resumes_bitw
         os.kill(pid, signal.SIGKILL)
     proc.wait()
     assert [p.name for p in ckpt.list_checkpoints(folder)] == ["step-00000004"]
-    out = gpt(root, "killed", *DROPOUT)
+    out = gpt(root, "killed", *background)
     assert "removed .step-00000008.partial" in out.stderr, out.stderr
     assert "resuming from" in out.stderr and "step-00000004 (epoch 0, step 4)" in out.stderr
     assert losses(root, "killed") == losses(root, "uninterrupted")
     assert final_eval(root, "killed") == final_eval(root, "uninterrupted")
     assert trained_ids(root, "killed") == trained_ids(root, "uninterrupted")
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_a_run_failing_while_a_checkpoint_is_written_in_the_background_waits_and_keeps_it(
+    tmp_path, train_here
+):
+    """Step 4's checkpoint is still unpublished (ckpt.async_save publishes it at the next
+    save) when step 6 fails: on the way out the run waits for the write and publishes it,
+    and a rerun resumes from it. (One process, this one: tests/engine/conftest.py.)"""
+    same = ["train.max_steps=8", "ckpt.every_steps=4", "dist.strategy=fsdp"]
+    with pytest.raises(InjectedFault):
+        train_here(tmp_path, "failed", *same, "ckpt.async_save=true", "fault.raise_at_step=6")
+    folder = run_dir(tmp_path, "failed") / "checkpoints"
+    assert [p.name for p in folder.iterdir()] == ["step-00000004"]  # complete, nothing partial
+    assert ckpt.latest_valid(folder)[1]["step"] == 4
 
 
 def descendants(pid: int) -> list[int]:
@@ -172,6 +220,7 @@ EVALUATE = """
 import json, sys
 import torch
 from engine.config import build_section, with_weights_init
+from engine.faults import InjectedFault
 from recipes.gpt.recipe import RECIPE
 losses = []
 for config, weights in json.loads(sys.argv[1]):
