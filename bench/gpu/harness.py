@@ -208,10 +208,11 @@ def attempt(
 
 
 def planted_stall(bench: Bench, key: str) -> NoReturn:
-    """GPU_BENCH_PLANT_STALL=<key>: the part overruns. The budget ends where it starts, so the
-    watchdog stops the run its grace later (a test need not wait out a budget)."""
+    """GPU_BENCH_PLANT_STALL=<key>: the part overruns. The budget ended the watchdog's grace
+    before the part started, so the watchdog stops the run a second later (a test need wait
+    out neither the budget nor the grace)."""
     bench.note(f"{PLANT_STALL}={key}: this part stalled on purpose; the budget ended there")
-    bench.budget_s = bench.elapsed()
+    bench.budget_s = bench.elapsed() - WATCHDOG_GRACE_S + 1.0
     time.sleep(120.0)  # the watchdog ends the process long before
     raise RuntimeError(f"{PLANT_STALL}: the watchdog did not stop the run")
 

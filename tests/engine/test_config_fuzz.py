@@ -265,6 +265,7 @@ BAD_VALUES = [  # a few only: each process spends seconds importing torch
 ]
 
 
+@pytest.mark.slow
 def test_bad_values_on_the_command_line_exit_2_with_one_error_line_and_no_run_dir(tmp_path):
     started = []
     for i, (override, _) in enumerate(BAD_VALUES):  # in parallel: each start imports torch

@@ -71,6 +71,7 @@ def test_auto_without_wandb_trains_and_says_so_once_over_two_processes(tmp_path)
     assert not (folder / "wandb-id.txt").exists()
 
 
+@pytest.mark.slow
 def test_off_without_wandb_says_nothing_about_it(tmp_path):
     out = run_engine(tmp_path, "off", "train.max_steps=1", env=env_without(tmp_path, "wandb"))
     assert "log.wandb=off" in out.args  # QUIET's
@@ -86,8 +87,9 @@ def test_check_without_wandb_says_the_note(tmp_path):
     assert error_lines(done.stderr) == [WANDB_NOTE]
 
 
-@pytest.mark.parametrize("mode", ["offline", "online"])
-@pytest.mark.parametrize("spawn", [[], ["--spawn", "2"]], ids=["one-process", "spawn-2"])
+@pytest.mark.parametrize(  # each mode once, each entry once: the check is the same code
+    ("mode", "spawn"), [("offline", []), ("online", ["--spawn", "2"])], ids=["one", "spawn-2"]
+)
 def test_wandb_asked_for_without_wandb_is_one_line_before_anything_is_written(
     tmp_path, mode, spawn
 ):
@@ -126,6 +128,7 @@ def export(source: Path, out: Path, env: dict[str, str]):
     return python("-m", "engine.export", str(source), str(out), env=env)
 
 
+@pytest.mark.slow
 def test_export_without_safetensors_is_one_line_and_pt_still_works(tmp_path, trained):
     env = env_without(tmp_path, "safetensors")
     out = tmp_path / "exports" / "w.safetensors"
@@ -161,6 +164,7 @@ def test_scoring_a_safetensors_file_without_safetensors_is_one_line(tmp_path, tr
 # ---------------------------------------------------------------- submitit
 
 
+@pytest.mark.slow
 def test_slurm_submission_without_submitit_is_one_line(tmp_path):
     pythonpath = without(tmp_path, "submitit")
     for args in (["submit", "--dry-run"], ["submit"], ["sweep", "--slurm", "--dry-run"]):
@@ -200,6 +204,7 @@ def test_local_launch_needs_neither_submitit_nor_wandb(tmp_path):
 # ---------------------------------------------------------------- scipy
 
 
+@pytest.mark.slow
 def test_sweep_and_compare_without_scipy_are_one_line_before_anything_runs(tmp_path, trained):
     pythonpath = without(tmp_path, "scipy")
     args = f"run.root={tmp_path} run.name=s train.max_steps=2"
@@ -249,6 +254,7 @@ def test_bench_report_without_matplotlib_keeps_the_results(tmp_path):
 # ---------------------------------------------------------------- scikit-learn
 
 
+@pytest.mark.slow
 def test_digits_without_sklearn_is_one_line_before_anything_is_written(tmp_path):
     env = env_without(tmp_path, "sklearn")
     out = run_engine(tmp_path, "d", env=env, check=False)

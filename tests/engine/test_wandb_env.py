@@ -99,6 +99,7 @@ def train(root, name: str, *overrides: str, **env: str) -> subprocess.CompletedP
     return out
 
 
+@pytest.mark.slow
 def test_wandb_mode_disabled_turns_wandb_off_for_a_recipe_that_says_auto(tmp_path):
     out = train(tmp_path, "quiet", WANDB_MODE="disabled")
     folder = run_dir(tmp_path, "quiet")

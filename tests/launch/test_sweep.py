@@ -293,6 +293,7 @@ def test_a_failed_member_is_listed_with_its_last_line_and_a_rerun_runs_only_it(c
     assert ran(again) == [failing]
 
 
+@pytest.mark.slow
 def test_an_unnamed_sweep_says_which_name_to_rerun_it_with(checkout):
     done = launch_sweep(checkout, SEEDS="1", ARGS="optim.lr=0.1,0.5", FAIL_RUN="-lr0.5-seed0")
     assert done.returncode == 1
@@ -323,6 +324,7 @@ def test_a_value_the_engine_refuses_is_one_line_and_the_fixed_grid_then_runs(che
     assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0
 
 
+@pytest.mark.slow
 def test_logging_and_placement_are_not_part_of_the_grid(checkout):
     assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0
     done = launch_sweep(checkout, SEEDS="1", ARGS=f"{GRID} log.wandb=off")
@@ -352,6 +354,7 @@ def test_a_second_launch_of_a_running_sweep_is_one_line(checkout):
     assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0  # released: it runs
 
 
+@pytest.mark.slow
 def test_seeds_can_grow_but_not_shrink(checkout):
     assert launch_sweep(checkout, SEEDS="1", ARGS=GRID).returncode == 0
     more = launch_sweep(checkout, SEEDS="2", ARGS=GRID)

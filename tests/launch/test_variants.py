@@ -25,6 +25,7 @@ def make(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_imagenet_on_8_gpus_renders_the_8_process_torchrun():
     done = make("train", "RECIPE=imagenet", "GPUS=8", "DRY_RUN=1")
     assert done.returncode == 0, done.stderr
@@ -35,6 +36,7 @@ def test_imagenet_on_8_gpus_renders_the_8_process_torchrun():
     assert argv[5:8] == ["-m", "engine.train", "imagenet"] and "--config" not in argv
 
 
+@pytest.mark.slow
 def test_v2_submit_on_2_nodes_renders_the_job_with_the_variant_and_its_slurm_section():
     """GPUS unset: the variant's declared 8 GPUs per node, whatever this machine has."""
     done = make("submit", "RECIPE=imagenet", "CONFIG=v2", "DRY_RUN=1", "NODES=2")
