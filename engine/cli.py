@@ -340,7 +340,10 @@ def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     if request.evaluate:
         return score(cfg, recipe, Path(request.evaluate), request.ema, request.out)
     preempt.install_handlers()
-    return train(cfg, recipe)
+    code = train(cfg, recipe)
+    if code == 0:
+        preempt.finished()
+    return code
 
 
 def is_rank_zero() -> bool:

@@ -51,6 +51,14 @@ def _on_signal(signum, frame) -> None:
     request_stop(name)
 
 
+def finished() -> None:
+    """The run is over: a time-limit warning (SIGUSR2) has nothing left to save. Ignored from
+    here on, because Python puts its own handlers back to the default action while it shuts
+    down, and USR2's default action ends the process: a warning in those last moments made a
+    finished SLURM job FAILED (exit 140). SIGTERM keeps its meaning (end now)."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
 def install_handlers(signals=STOP_SIGNALS) -> None:
     for sig in signals:
         signal.signal(sig, _on_signal)

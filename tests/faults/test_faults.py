@@ -295,6 +295,32 @@ def test_a_second_ctrl_c_exits_at_once(root):
     assert ckpt.load(newest)["step"] == int(newest.stem.split("-")[1])  # complete, loads
 
 
+# The engine's main, then what CPython does as it shuts down (_PySignal_Fini): each handler
+# Python installed goes back to SIG_DFL; then SLURM's time-limit warning arrives.
+MAIN_THEN_SHUTDOWN_AND_USR2 = """
+import os, signal, sys
+from engine.cli import main
+code = main(sys.argv[1:])
+if callable(signal.getsignal(signal.SIGUSR2)):
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+os.kill(os.getpid(), signal.SIGUSR2)
+sys.exit(code)
+"""
+
+
+def test_a_time_limit_warning_while_a_finished_run_exits_leaves_it_finished(root):
+    """A SIGUSR2 that arrives once training is over has nothing left to save: the process
+    still exits 0 (it was killed by the signal, exit 140 under srun, and SLURM marked the
+    finished job FAILED)."""
+    argv = ["digits", *QUIET, f"run.root={root}", "run.name=late", "train.max_steps=2"]
+    command = [sys.executable, "-c", MAIN_THEN_SHUTDOWN_AND_USR2, *argv]
+    done = subprocess.run(
+        command, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run_dir(root, "late") / "summary.json").is_file()
+
+
 # ---------------------------------------------------------------- numbers and disks
 
 

@@ -13,7 +13,7 @@ from tests.helpers import QUIET, REPO, engine_env, records, run_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
 KEEP = 2
-STEPS = 198  # 9 epochs of 22 steps: 66 checkpoints, 9 evaluations and loader restarts
+STEPS = 132  # 6 epochs of 22 steps: 44 checkpoints, 6 evaluations and loader restarts
 SOAK = [
     f"train.max_steps={STEPS}",
     "ckpt.every_steps=3",
