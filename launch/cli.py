@@ -287,18 +287,19 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
 def cmd_config(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """The resolved config of a request, as the run would save it (a file CONFIG= reruns);
     like --print-config, it names no run unless run.name is given."""
-    req = dataclasses.replace(request.resolve(args, env, target="local"), run_name="")
-    argv = [req.python, "-m", "engine.train", *render.engine_args(req), "--print-config"]
-    if request.is_dry(args, env):
-        print(render.shell_join(argv))
-        return 0
-    execute(argv)
+    return engine_here(args, env, "--print-config")
 
 
 def cmd_shards(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """make shards: the recipe's data written as shards by the engine (--make-shards), here."""
+    return engine_here(args, env, "--make-shards")
+
+
+def engine_here(args: argparse.Namespace, env: Mapping[str, str], flag: str) -> int:
+    """The engine with the request's config and `flag`, on this machine in one process and
+    naming no run (a dry run prints the command)."""
     req = dataclasses.replace(request.resolve(args, env, target="local"), run_name="")
-    argv = [req.python, "-m", "engine.train", *render.engine_args(req), "--make-shards"]
+    argv = [req.python, "-m", "engine.train", *render.engine_args(req), flag]
     if request.is_dry(args, env):
         print(render.shell_join(argv))
         return 0
