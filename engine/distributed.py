@@ -144,7 +144,13 @@ def limit_threads(denv: DistEnv) -> None:
 def pick_device(requested: str, denv: DistEnv) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ConfigError("device=cuda but no CUDA device is visible; use device=cpu")
+            mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+            seen = f" (CUDA_VISIBLE_DEVICES={mask!r})" if mask is not None else ""
+            raise ConfigError(
+                f"device=cuda but no CUDA device is visible on {host_name()}{seen}; GPUs were "
+                "asked for: check the node's GPUs (gres), the CUDA driver or module, a "
+                "container's --gpus/--nv; or ask for CPU processes (GPUS=0, device=cpu)"
+            )
         index = denv.local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)

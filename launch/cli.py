@@ -192,6 +192,13 @@ def render_target(req: Request, target: str) -> list[str] | str:
     return render.TARGETS[target](req)
 
 
+def rendered(req: Request, target: str) -> list[str] | str:
+    try:
+        return render_target(req, target)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     fixed = {"docker-train": "docker", "image": "image", "sif": "sif", "sbatch": "sbatch"}
     fixed["eval"] = "local"  # scores here, on this machine's processes
@@ -202,19 +209,22 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
     req = run_request(args, env, target)
-    try:
-        out = render_target(req, target)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    out = rendered(req, target)
     dry = request.is_dry(args, env)
     starts_alone = target == "local" and render.is_one_process(req) and not dry
+    queued = bool(req.code) and args.command != "render"  # sbatch, pyxis: code and config frozen
+    config = ""
     if target in CHECKED_TARGETS and args.command != "render" and not starts_alone:
         # A dry run or a batch script may be meant for another machine: its data too.
-        check.engine_check(req, data_here=target == "local" and not dry)
+        config = check.engine_check(req, data_here=target == "local" and not dry, resolved=queued)
+        if queued:
+            req = snapshot.freeze(req, config)
+            out = rendered(req, target)
     for line in req.warnings:  # after every check: a warning never precedes an error
         print(line, file=sys.stderr)
-    if req.code and not dry:
+    if queued and not dry:
         snapshot.take(req)
+        snapshot.write_frozen(req, config)
     if isinstance(out, str):
         print(out, end="")
         return 0
@@ -275,13 +285,15 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
     """What submitit submits: printed by a dry run, else checked by the engine and queued."""
     req = snapshot.attach(request.resolve(args, env, target="submit"))
     slurm = check.slurm_support()
-    if request.is_dry(args, env):
-        check.engine_check(req)
+    dry = request.is_dry(args, env)
+    if not dry:
+        slurm.require_sbatch()
+    config = check.engine_check(req, resolved=True)
+    req = snapshot.freeze(req, config)  # the job reads this config alone
+    if dry:
         print(slurm.dry_run([req], slurm.job_folder(req), req.run_name), end="")
         return 0
-    slurm.require_sbatch()
-    check.engine_check(req)
-    return slurm.submit(req)
+    return slurm.submit(req, config)
 
 
 def cmd_config(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:

@@ -95,6 +95,9 @@ class Request:
     src: str = "."  # host checkout, mounted at /workspace in containers
     # A SLURM job's snapshot of the code (launch.snapshot), relative to src; "": the checkout
     code: str = ""
+    # The submission's resolved config (launch.snapshot.freeze), relative to src: the job reads
+    # it alone, not the recipe, variant, CONFIG file and overrides; "": resolved as it starts
+    frozen: str = ""
     data: str = "data"  # host data root (RECIPES_DATA), mounted at /data
     run_root: str = "runs"  # run.root of the engine config
     uid_gid: str | None = None  # docker -u; None: the image's user
@@ -144,7 +147,9 @@ def override_keys(overrides: tuple[str, ...]) -> set[str]:
 
 def engine_args(req: Request) -> list[str]:
     """Arguments of `engine.train`: the recipe and its variant, what launch adds, then the
-    user's overrides."""
+    user's overrides; for a submission, its frozen config and run name alone."""
+    if req.frozen:  # every layer is in the file; a config file's run.name is dropped unless given
+        return [req.recipe, "--config", req.frozen, f"run.name={req.run_name}", *req.engine_flags]
     keys = override_keys(req.overrides)
     added = ["--config", req.variant] if req.variant else []
     if req.device and "device" not in keys:

@@ -309,16 +309,39 @@ def node_range(label: str, text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def gpus_source(recipe: str, variant: str, user: tuple[str, ...], env: Mapping[str, str]) -> str:
+    """Who set slurm.gpus_per_node, for a message: ARGS, the config file, the variant, else
+    the recipe's config.yaml."""
+    if override_value(user, "slurm.gpus_per_node") is not None:
+        return "ARGS sets"
+    if not variant:
+        return f"recipe {recipe} declares"
+    if catalog.is_config_file(variant):
+        layer, who = catalog.read_config_file(variant), f"CONFIG={variant} sets"
+    else:
+        layer = catalog.read_yaml(catalog.variant_path(recipe, variant, recipes_dir(env)))
+        who = f"variant {variant} of recipe {recipe} sets"
+    slurm = layer.get("slurm")
+    return who if isinstance(slurm, dict) and "gpus_per_node" in slurm else f"recipe {recipe} declares"
+
+
 def check_cpu_job(
-    args: argparse.Namespace, env: Mapping[str, str], recipe: str, declared: int, gpus: int
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    recipe: str,
+    declared: int,
+    gpus: int,
+    variant: str = "",
+    user: tuple[str, ...] = (),
 ) -> None:
     """A recipe that needs GPUs, submitted with GPUS=0, would queue a CPU job that runs for
-    days: only on an explicit yes."""
+    days: only on an explicit yes. The message names who set the GPUs (gpus_source)."""
     if declared and not gpus and not (args.allow_cpu or is_set(env, "ALLOW_CPU")):
         raise UserError(
-            f"recipe {recipe} declares slurm.gpus_per_node={declared}, but GPUS=0 asks "
-            f"SLURM for CPU tasks; leave GPUS unset for {declared} GPU(s) per node, or "
-            "set ALLOW_CPU=1 (--allow-cpu) to submit it on CPU anyway"
+            f"{gpus_source(recipe, variant, user, env)} slurm.gpus_per_node={declared}, but "
+            "GPUS=0 asks SLURM for CPU tasks; leave GPUS unset for "
+            f"{declared} GPU(s) per node, or set ALLOW_CPU=1 (--allow-cpu) to submit it on CPU "
+            "anyway"
         )
 
 
@@ -417,11 +440,14 @@ def resources(picked, gpus: int, nodes: tuple[int, int], env, args, sections, us
     return tuple(out)
 
 
-def asked_device(picked, gpus: int, cpu_asked: bool, device: str, user: tuple[str, ...]) -> str:
+def asked_device(
+    picked, gpus: int, cpu_asked: bool, gpus_asked: bool, device: str, user: tuple[str, ...]
+) -> str:
     """The device the request asks for, when it asks: CPU processes (GPUS=0, or a SLURM job
-    of a recipe declaring no GPUs) run with device=cpu; GPUs asked for cannot run on a
-    device=cpu that a config file recorded. "" when this machine alone decided (no GPUS
-    given for a local run): the config keeps device=auto, and env.json records the device."""
+    of a recipe declaring no GPUs) run with device=cpu; GPUs asked for (GPUS=N, or a SLURM
+    job's GPUs) run with device=cuda, so a task that sees no GPU stops in one line instead of
+    training on the CPU. "" when this machine alone decided (no GPUS given for a local run):
+    the config keeps device=auto, and env.json records the device."""
     said = override_value(user, "device")
     if gpus and said == "cpu":
         raise UserError(f"GPUS={gpus} but ARGS sets device=cpu; use GPUS=0 for CPU processes")
@@ -431,7 +457,7 @@ def asked_device(picked, gpus: int, cpu_asked: bool, device: str, user: tuple[st
         return ""
     if cpu_asked:
         return "cpu" if device != "cpu" else ""
-    if gpus and picked and device == "cpu":  # e.g. a config saved by a CPU run
+    if gpus and (gpus_asked or (picked and device == "cpu")) and device != "cuda":
         return "cuda"
     return ""
 
@@ -444,17 +470,21 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     recipe = recipe_name(args, env, variant)
     user = parse_overrides(env.get("ARGS", ""), args.overrides)
     slurm_job = target in SLURM_TARGETS
+    # A saved config (make config) records the scheduler's request as a submission would.
+    records_request = slurm_job or args.command == "config"
     asked = variable_overrides(args, env)  # checked on every target, used by SLURM's
-    asked = asked if slurm_job else ()
+    asked = asked if records_request else ()
     _, sections = requested_sections(recipe, variant, (*asked, *user), env)
     slurm = sections["slurm"]
-    declared = (slurm.gpus_per_node, slurm.nodes) if slurm_job else None
+    declared = (slurm.gpus_per_node, slurm.nodes) if records_request else None
     picked, gpus, (nodes, most), procs = process_counts(args, env, declared)
+    if slurm_job:
+        check_cpu_job(args, env, recipe, declared[0], gpus, variant, user)
     if declared:
-        check_cpu_job(args, env, recipe, declared[0], gpus)
         asked += resources(picked, gpus, (nodes, most), env, args, sections, user)
     cpu_asked = gpus == 0 and (picked is not None or slurm_job)
-    device = asked_device(picked, gpus, cpu_asked, sections["device"], user)
+    gpus_asked = slurm_job or picked is not None
+    device = asked_device(picked, gpus, cpu_asked, gpus_asked, sections["device"], user)
     overrides = (*asked, *user)
     recorded_variant, sections = requested_sections(recipe, variant, overrides, env)
     name = run_name(user)
@@ -470,9 +500,9 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
     warnings = ()
-    if picked and target == "local":
+    if picked and target == "local":  # make config's file may be meant for another machine
         warnings = check_gpus_visible(
-            picked[0], gpus, args.command == "render" or is_dry(args, env)
+            picked[0], gpus, args.command in ("render", "config") or is_dry(args, env)
         )
     docker = container.docker_settings(env, target)
     return Request(

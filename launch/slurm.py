@@ -23,6 +23,7 @@ Preemption, as submitit 1.5 and the engine share it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import shutil
@@ -197,6 +198,9 @@ def dry_run(reqs: list[Request], folder: Path, name: str, parallel: int | None =
         task = f"array task {i}" if len(reqs) > 1 else "every task"
         argv = ["python", "-m", "engine.train", *render.engine_args(r)]
         lines.append(f"#   {task}: {render.shell_join(argv)}")
+        if r.frozen:  # what the frozen config was resolved from, at submission
+            asked = render.engine_args(dataclasses.replace(r, frozen=""))
+            lines.append(f"#     --config {r.frozen}: resolved from {render.shell_join(asked)}")
     return submission_script(ex, len(reqs)) + "\n".join(lines) + "\n"
 
 
@@ -260,9 +264,15 @@ class Undo:
                 path.unlink(missing_ok=True)
 
 
-def submitted(submit_call, run_dir: Path):
-    """submit_call() with SLURM's refusal as one UserError and nothing left behind."""
-    undo = Undo(run_dir)
+def submitted(submit_call, *run_dirs: Path):
+    """submit_call() with SLURM's refusal as one UserError and nothing left behind in the
+    folders it writes to."""
+    undos = [Undo(run_dir) for run_dir in run_dirs]
+
+    def undo() -> None:
+        for each in undos:
+            each()
+
     try:  # submitit prints sbatch's stderr before raising: the message comes once, below
         with contextlib.redirect_stderr(io.StringIO()):
             return submit_call()
@@ -292,7 +302,9 @@ def describe(job: Any, req: Request) -> str:
     )
 
 
-def submit(req: Request) -> int:
+def submit(req: Request, config: str) -> int:
+    """Queues the request, its code snapshot and its frozen config (`config`, the engine's
+    resolved text) written first, under the run directory."""
     require_sbatch()
     folder = job_folder(req)
     ex = executor(req, folder)
@@ -300,6 +312,7 @@ def submit(req: Request) -> int:
     def queue():
         if req.code:  # under the run directory: a refused submission removes it too
             snapshot.take(req)
+        snapshot.write_frozen(req, config)
         return ex.submit(engine_job(req))
 
     job = submitted(queue, Path(req.src) / req.run_dir)
@@ -309,13 +322,14 @@ def submit(req: Request) -> int:
 
 def submit_array(
     reqs: list[Request],
+    configs: list[str],
     folder: Path,
     name: str,
     environ: dict[str, str] | None = None,
     parallel: int | None = None,
 ) -> list[Any]:
     """One job array, one array task per request (all with the same resources), at most
-    `parallel` of them running at once."""
+    `parallel` of them running at once; each reads its frozen config (`configs`, in order)."""
     require_sbatch()
     ex = executor(reqs[0], folder, job_name=name, **array_limit(parallel))
     jobs = [engine_job(r, environ) for r in reqs]
@@ -323,6 +337,9 @@ def submit_array(
     def queue():
         if reqs[0].code:  # one snapshot for the array
             snapshot.take(reqs[0])
+        for r, config in zip(reqs, configs, strict=True):
+            snapshot.write_frozen(r, config)
         return ex.submit_array(jobs)
 
-    return submitted(queue, folder.parent)  # the sweep's folder
+    # the sweep's folder and the members' run directories their frozen configs opened
+    return submitted(queue, folder.parent, *(Path(r.src) / r.run_dir for r in reqs))

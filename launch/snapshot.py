@@ -9,11 +9,18 @@ read-only, to `<run dir>/code/<commit>[-<changes>]/` with their identity in CODE
 it and PYTHONSAFEPATH keeps the working directory off sys.path, in every process the job
 starts (submitit's, srun's tasks, torchrun's workers). The default data root follows the
 checkout through RECIPES_DATA. A later submission of other code gets a folder of its own: a
-job still queued with the earlier snapshot is never changed under it."""
+job still queued with the earlier snapshot is never changed under it.
+
+The request is frozen the same way: the config the engine resolved at submission (recipe,
+variant or CONFIG file, variables and ARGS) is written read-only to
+`<run dir>/request/<content hash>.yaml`, and the job reads that file alone (`--config FILE
+run.name=NAME`). A CONFIG file edited, deleted or left on the login node's /tmp after
+`make submit` changes nothing queued; a requeue reads the same file."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import posixpath
@@ -28,6 +35,7 @@ from launch.errors import UserError
 from launch.render import Request
 
 FOLDER = "code"
+REQUEST_FOLDER = "request"  # under the run directory: the frozen configs of its submissions
 # Without git (a copy of the checkout): the code's own folders and files.
 CODE_PATHS = ("engine", "launch", "recipes", "bench", "pyproject.toml", "requirements.lock")
 SKIPPED = ("__pycache__", ".pyc")
@@ -50,6 +58,31 @@ def attach(req: Request, base: str | None = None) -> Request:
     base = req.run_dir if base is None else base
     folder = posixpath.join(base, FOLDER, name_of(codeid.identity(Path(req.src))))
     return dataclasses.replace(req, code=folder)
+
+
+def freeze(req: Request, config: str) -> Request:
+    """The request reading `config` (the engine's resolved text) from its frozen file,
+    `<run dir>/request/<sha256 12>.yaml`: the same config, the same file. Writes nothing: a
+    dry run shows the path a submission writes."""
+    digest = hashlib.sha256(config.encode()).hexdigest()[:12]
+    path = posixpath.join(req.run_dir, REQUEST_FOLDER, f"{digest}.yaml")
+    return dataclasses.replace(req, frozen=path)
+
+
+def write_frozen(req: Request, config: str) -> Path | None:
+    """The frozen config file of a request (freeze), whole or not at all, read-only; None for
+    a request not frozen."""
+    if not req.frozen:
+        return None
+    dest = Path(req.src) / req.frozen
+    if dest.is_file() and dest.read_text() == config:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    partial.write_text(config)
+    partial.chmod(0o444)
+    os.replace(partial, dest)
+    return dest
 
 
 def files(src: Path) -> list[str]:

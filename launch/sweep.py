@@ -368,19 +368,24 @@ def run_local(
 # ---------------------------------------------------------------- SLURM
 
 
-def code_of_the_array(plan: Plan, todo: list[Planned]) -> list[Request]:
-    """Each member's request with the one snapshot of the code the array runs from, in the
-    sweep's folder (launch.snapshot)."""
+def frozen_array(plan: Plan, todo: list[Planned]) -> tuple[list[Request], list[str]]:
+    """(each member's request with the one snapshot of the code the array runs from, in the
+    sweep's folder, and its own frozen config in its run directory; those configs' texts)
+    (launch.snapshot)."""
     first = snapshot.attach(todo[0].req, str(plan.folder))
-    return [dataclasses.replace(p.req, code=first.code) for p in todo]
+    reqs = [dataclasses.replace(p.req, code=first.code) for p in todo]
+    configs = check.resolved_configs(reqs)
+    return [snapshot.freeze(r, c) for r, c in zip(reqs, configs, strict=True)], configs
 
 
 def run_slurm(
     plan: Plan, todo: list[Planned], record: dict, environ: dict[str, str], wait: bool
 ) -> None:
     slurm = check.slurm_support()
-    reqs = code_of_the_array(plan, todo)
-    jobs = slurm.submit_array(reqs, plan.folder / "slurm", plan.name, environ, plan.parallel)
+    reqs, configs = frozen_array(plan, todo)
+    jobs = slurm.submit_array(
+        reqs, configs, plan.folder / "slurm", plan.name, environ, plan.parallel
+    )
     for r, job in zip(reqs, jobs, strict=True):
         record["attempts"][r.run_name] = {
             "how": "slurm",
@@ -441,7 +446,7 @@ def dry_run(plan: Plan) -> int:
         print(f"# sweep {plan.name}: every member is finished or queued; nothing to run")
     elif plan.slurm:  # the one job array submitit would submit
         slurm = check.slurm_support()
-        reqs = code_of_the_array(plan, todo)
+        reqs, _ = frozen_array(plan, todo)
         print(slurm.dry_run(reqs, plan.folder / "slurm", plan.name, plan.parallel), end="")
     else:
         for p in todo:

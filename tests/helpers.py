@@ -216,6 +216,13 @@ def git_checkout(dest: Path) -> Path:
     return dest
 
 
+# engine.resolved's stand-in in a fake checkout: each member's "config" is its argv.
+FAKE_RESOLVED = """\
+import json, sys
+json.dump(["# " + " ".join(argv) + "\\n" for argv in json.load(sys.stdin)], sys.stdout)
+"""
+
+
 def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
     """A copy of launch/ (and the torch-free engine modules it shares: the config schema,
     recipe discovery, run names, result names, redaction) beside a fake engine.train and one recipe, so
@@ -225,6 +232,7 @@ def fake_checkout(root: Path, fake_train: str, recipe_config: str) -> Path:
     shutil.copytree(REPO / "launch", root / "launch", ignore=shutil.ignore_patterns("__py*"))
     copy_torch_free_engine(root)
     (root / "engine" / "train.py").write_text(fake_train)
+    (root / "engine" / "resolved.py").write_text(FAKE_RESOLVED)
     (root / "recipes" / "digits").mkdir(parents=True)
     (root / "recipes" / "digits" / "config.yaml").write_text(recipe_config)
     return root

@@ -99,7 +99,7 @@ def test_flags_win_over_environment_and_overrides_after_args(recipes):
     argv = shlex.split(one_line(done.stdout))
     assert "--nproc_per_node=4" in argv
     assert argv[argv.index("engine.train") + 1 :] == [
-        "other", "a=1", "run.name=kept", "b=2", "c=--x"
+        "other", "device=cuda", "a=1", "run.name=kept", "b=2", "c=--x"
     ]  # fmt: skip
 
 
@@ -452,7 +452,7 @@ def test_submit_asks_for_the_recipes_gpus_not_this_machines(fast):
         assert done.returncode == 0, done.stderr
         assert "#SBATCH --gpus-per-node=8\n" in done.stdout, command
         assert "#SBATCH --ntasks-per-node=8\n" in done.stdout, command
-        assert "device=cpu" not in done.stdout, command
+        assert "device=cpu" not in done.stdout and "device=cuda" in done.stdout, command
 
 
 def test_a_cpu_submission_of_a_gpu_recipe_needs_an_explicit_yes(fast):
@@ -468,7 +468,7 @@ def test_a_cpu_submission_of_a_gpu_recipe_needs_an_explicit_yes(fast):
         **REAL_RECIPES,
     )  # fmt: skip
     assert allowed.returncode == 0, allowed.stderr
-    assert "--gpus-per-node" not in allowed.stdout and "device=cpu" in allowed.stdout
+    assert "#SBATCH --gpus-per-node" not in allowed.stdout and "device=cpu" in allowed.stdout
 
 
 def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path, fast):
@@ -480,7 +480,9 @@ def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path, fas
         assert f"#SBATCH {line}\n" in done.stdout
     (task,) = [line for line in done.stdout.splitlines() if line.startswith("#   every task:")]
     argv = shlex.split(task.removeprefix("#   every task:"))
-    assert argv[3:6] == ["gpt", "--config", str(saved)]
+    assert argv[3:5] == ["gpt", "--config"] and "/request/" in argv[5]  # frozen at submission
+    (asked,) = [line for line in done.stdout.splitlines() if ": resolved from " in line]
+    assert shlex.split(asked.partition(": resolved from ")[2])[:3] == ["gpt", "--config", str(saved)]
     assert re.search(r"run\.name=\d{8}-\d{6}-gpt-124m-[0-9a-f]{4}", task)
 
     other = launch("train", "--dry-run", CONFIG=str(saved), RECIPE="digits")
@@ -537,12 +539,11 @@ def test_make_config_prints_what_would_run_and_the_file_reruns_it(tmp_path):
     printed = yaml.safe_load(first.stdout)
     assert (printed["recipe"], printed["variant"]) == ("gpt", "124m")
     assert printed["optim"]["lr"] == 0.001 and printed["device"] == "cpu"
-    assert printed["slurm"]["gpus_per_node"] == 8  # the variant's declaration
+    assert printed["slurm"]["gpus_per_node"] == 0  # GPUS=0 asked: the file asks SLURM for none
     saved = tmp_path / "config.yaml"
     saved.write_text(first.stdout)
-    again = launch("config", CONFIG=str(saved), GPUS="0")
+    again = launch("config", CONFIG=str(saved))
     assert again.returncode == 0, again.stderr
     rerun = yaml.safe_load(again.stdout)
     assert rerun["run"]["name"] == printed["run"]["name"] == ""  # names no run, as asked
-    assert not (ROOT / "runs" / "gpt").exists() or not any((ROOT / "runs" / "gpt").iterdir())
     assert rerun == printed

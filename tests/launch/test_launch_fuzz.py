@@ -126,15 +126,20 @@ def refuse(*_args, **_kwargs):
     raise AssertionError("a dry run tried to start a process")
 
 
-def check_here(argv: list[str]) -> tuple[int, str]:
-    """launch.check.run_check without its process: the engine's own --check, in this one
-    (the same code, without a torch import per case)."""
+def check_here(argv: list[str], stdin: str | None = None) -> tuple[int, str, str]:
+    """launch.check.run_check without its process: the engine's own --check (or
+    engine.resolved's configs), in this one (the same code, without a torch import per case)."""
     from engine import cli as engine_cli
+    from engine import resolved
 
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = engine_cli.main(argv[argv.index("engine.train") + 1 :])
-    return code, err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        if "engine.resolved" in argv:
+            with mock.patch("sys.stdin", io.StringIO(stdin)):
+                code = resolved.main()
+        else:
+            code = engine_cli.main(argv[argv.index("engine.train") + 1 :])
+    return code, out.getvalue(), err.getvalue()
 
 
 def run_main(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:

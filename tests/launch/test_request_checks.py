@@ -107,7 +107,7 @@ def test_eval_of_another_recipe_s_checkpoint_names_its_recipe(imagenet_run, caps
 
 def test_eval_of_a_run_renders_its_saved_config(imagenet_run, capsys, monkeypatch):
     checked = []  # the engine's check, answered here: the subject is the rendered command
-    monkeypatch.setattr(launch_check, "run_check", lambda argv: checked.append(argv) or (0, ""))
+    monkeypatch.setattr(launch_check, "run_check", lambda argv: checked.append(argv) or (0, "", ""))
     code = cli.main(["eval"], {"CKPT": str(imagenet_run), "DRY_RUN": "1", "GPUS": "0"})
     argv = shlex.split(capsys.readouterr().out)
     assert code == 0 and argv[argv.index("engine.train") + 1] == "imagenet"

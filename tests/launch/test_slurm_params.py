@@ -134,7 +134,7 @@ def test_dry_run_is_the_script_a_submission_writes(fake_slurm_bin, tmp_path):
 def test_dry_run_of_a_sweep_is_the_array_a_submission_writes(fake_slurm_bin, tmp_path):
     reqs = [req(gpus=0, run_name=f"B-seed{i}", src=str(tmp_path)) for i in range(3)]
     printed = slurm.dry_run(reqs, tmp_path / "sweep" / "slurm", "B")
-    slurm.submit_array(reqs, tmp_path / "sweep" / "slurm", name="B")
+    slurm.submit_array(reqs, [""] * 3, tmp_path / "sweep" / "slurm", name="B")
     script, _, tasks = printed.partition("# Each task unpickles its job and runs:")
     assert script == (tmp_path / "script.sh").read_text()
     assert "#SBATCH --array=0-2%3\n" in script
@@ -188,14 +188,14 @@ def test_a_refused_submission_leaves_nothing_behind(fake_slurm_bin, tmp_path, mo
     for name in ("NEW", "OLD"):
         r = req(gpus=0, run_name=name, src=str(tmp_path))
         with pytest.raises(UserError, match="Invalid qos specification; check QOS"):
-            slurm.submit(r)
+            slurm.submit(r, "")
     assert not (tmp_path / "runs" / "digits" / "NEW").exists()
     assert [p.name for p in kept.parent.iterdir()] == ["1_0_log.out"]
 
 
 def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys):
     r = req(gpus=0, src=str(tmp_path))
-    assert slurm.submit(r) == 0
+    assert slurm.submit(r, "") == 0
     out = capsys.readouterr().out
     assert "submitted job 4242" in out
     assert f"run dir: {tmp_path}/runs/digits/RUN" in out
@@ -209,7 +209,7 @@ def test_submit_prints_job_id_logs_and_run_dir(fake_slurm_bin, tmp_path, capsys)
 
 def test_array_of_seed_jobs_is_one_sbatch(fake_slurm_bin, tmp_path):
     reqs = [req(gpus=0, run_name=f"B-seed{i}", src=str(tmp_path)) for i in range(3)]
-    jobs = slurm.submit_array(reqs, tmp_path / "slurm", "B", {"WANDB_RUN_GROUP": "B"})
+    jobs = slurm.submit_array(reqs, [""] * 3, tmp_path / "slurm", "B", {"WANDB_RUN_GROUP": "B"})
     assert [j.job_id for j in jobs] == ["4242_0", "4242_1", "4242_2"]
     pickled = submitit_utils.DelayedSubmission.load(tmp_path / "slurm" / "4242_2_submitted.pkl")
     assert pickled.function.environ == {"WANDB_RUN_GROUP": "B"}  # set in the task
