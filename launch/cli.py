@@ -299,7 +299,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
 def cmd_config(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """The resolved config of a request, as the run would save it (a file CONFIG= reruns);
     like --print-config, it names no run unless run.name is given."""
-    return engine_here(args, env, "--print-config")
+    return engine_here(args, env, "--print-config", target="config")
 
 
 def cmd_shards(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
@@ -307,10 +307,13 @@ def cmd_shards(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
     return engine_here(args, env, "--make-shards")
 
 
-def engine_here(args: argparse.Namespace, env: Mapping[str, str], flag: str) -> int:
+def engine_here(
+    args: argparse.Namespace, env: Mapping[str, str], flag: str, target: str = "local"
+) -> int:
     """The engine with the request's config and `flag`, on this machine in one process and
-    naming no run (a dry run prints the command)."""
-    req = dataclasses.replace(request.resolve(args, env, target="local"), run_name="")
+    naming no run (a dry run prints the command). target "config": a file for any machine
+    and target, not a command for this one."""
+    req = dataclasses.replace(request.resolve(args, env, target=target), run_name="")
     argv = [req.python, "-m", "engine.train", *render.engine_args(req), flag]
     if request.is_dry(args, env):
         print(render.shell_join(argv))

@@ -322,7 +322,9 @@ def gpus_source(recipe: str, variant: str, user: tuple[str, ...], env: Mapping[s
         layer = catalog.read_yaml(catalog.variant_path(recipe, variant, recipes_dir(env)))
         who = f"variant {variant} of recipe {recipe} sets"
     slurm = layer.get("slurm")
-    return who if isinstance(slurm, dict) and "gpus_per_node" in slurm else f"recipe {recipe} declares"
+    return (
+        who if isinstance(slurm, dict) and "gpus_per_node" in slurm else f"recipe {recipe} declares"
+    )
 
 
 def check_cpu_job(
@@ -471,7 +473,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     user = parse_overrides(env.get("ARGS", ""), args.overrides)
     slurm_job = target in SLURM_TARGETS
     # A saved config (make config) records the scheduler's request as a submission would.
-    records_request = slurm_job or args.command == "config"
+    records_request = slurm_job or target == "config"
     asked = variable_overrides(args, env)  # checked on every target, used by SLURM's
     asked = asked if records_request else ()
     _, sections = requested_sections(recipe, variant, (*asked, *user), env)
@@ -500,9 +502,9 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
     warnings = ()
-    if picked and target == "local":  # make config's file may be meant for another machine
+    if picked and target == "local":
         warnings = check_gpus_visible(
-            picked[0], gpus, args.command in ("render", "config") or is_dry(args, env)
+            picked[0], gpus, args.command == "render" or is_dry(args, env)
         )
     docker = container.docker_settings(env, target)
     return Request(

@@ -482,7 +482,11 @@ def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path, fas
     argv = shlex.split(task.removeprefix("#   every task:"))
     assert argv[3:5] == ["gpt", "--config"] and "/request/" in argv[5]  # frozen at submission
     (asked,) = [line for line in done.stdout.splitlines() if ": resolved from " in line]
-    assert shlex.split(asked.partition(": resolved from ")[2])[:3] == ["gpt", "--config", str(saved)]
+    assert shlex.split(asked.partition(": resolved from ")[2])[:3] == [
+        "gpt",
+        "--config",
+        str(saved),
+    ]
     assert re.search(r"run\.name=\d{8}-\d{6}-gpt-124m-[0-9a-f]{4}", task)
 
     other = launch("train", "--dry-run", CONFIG=str(saved), RECIPE="digits")

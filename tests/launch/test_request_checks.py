@@ -5,12 +5,14 @@ checkpoint is scored with that run's request."""
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from engine import cli as engine_cli
 from launch import check as launch_check
-from launch import cli, request
+from launch import cli, render, request
 from launch.request import SLURM_FLAGS
 from tests.helpers import REPO, engine_env, launch
 
@@ -54,10 +56,10 @@ def test_slurm_precedence_is_args_then_variables_then_config_file_then_recipe(ke
     assert asked(CONFIG=str(config), **both) == in_args
 
 
-def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config():
+def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config(tmp_path):
     done = launch(
         "sbatch", RECIPE="imagenet", GPUS="8", timeout=120,
-        ARGS="slurm.time_min=30 slurm.partition=p slurm.constraint=a100",
+        ARGS=f"slurm.time_min=30 slurm.partition=p slurm.constraint=a100 run.root={tmp_path}",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     script = done.stdout
@@ -67,7 +69,37 @@ def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config():
     argv = shlex.split(srun)
     cfg = engine_cli.load(engine_cli.parse_argv(argv[argv.index("engine.train") + 1 :]))[0]
     assert (cfg.slurm.time_min, cfg.slurm.partition, cfg.slurm.constraint) == (30, "p", "a100")
-    assert cfg.slurm.gpus_per_node == 8
+    assert cfg.slurm.gpus_per_node == 8 and cfg.device == "cuda"  # GPUs asked: pinned
+    frozen = argv[argv.index("--config") + 1]  # the request as submitted, written read-only
+    assert frozen.startswith(f"{tmp_path}/imagenet/") and "/request/" in frozen
+    assert not Path(frozen).stat().st_mode & 0o222
+
+
+def test_a_config_saved_where_gpus_were_asked_records_them_and_reruns_as_that_request(tmp_path):
+    """make config GPUS=8 (on a GPU node or not) saves device=cuda and 8 GPUs per node, so
+    submitting the file asks SLURM for them again."""
+    made = launch("config", RECIPE="digits", GPUS="8", NODES="2", PARTITION="gpu", **NO_GPU)
+    assert made.returncode == 0, made.stderr
+    saved = yaml.safe_load(made.stdout)
+    assert saved["device"] == "cuda"
+    assert (saved["slurm"]["gpus_per_node"], saved["slurm"]["nodes"]) == (8, 2)
+    assert saved["slurm"]["partition"] == "gpu"
+    (tmp_path / "saved.yaml").write_text(made.stdout)
+    args = cli.parse_args(["sbatch"])
+    req = request.resolve(args, {"CONFIG": str(tmp_path / "saved.yaml")}, target="sbatch")
+    assert (req.gpus, req.nodes, req.slurm.partition) == (8, 2, "gpu")
+    assert "#SBATCH --gpus-per-node=8" in render.sbatch_script(req)
+
+
+def test_a_task_that_sees_no_gpu_stops_in_one_line_instead_of_training_on_the_cpu(tmp_path):
+    """What a GPU job's task runs (device=cuda pinned) on a node that shows no CUDA device."""
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.train", "digits", "device=cuda", f"run.root={tmp_path}"],
+        cwd=REPO, env=engine_env(**NO_GPU), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (line,) = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "device=cuda but no CUDA device is visible" in line, line
+    assert "GPUs were asked for" in line and not (tmp_path / "digits").exists()
 
 
 @pytest.mark.parametrize(

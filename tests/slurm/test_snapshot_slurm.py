@@ -1,6 +1,7 @@
-"""A job runs the code it was submitted with (launch.snapshot): held in the queue while the
-checkout changes under it, released, preempted and requeued, it trains and resumes from its
-snapshot, and names that code in env.json and its checkpoints."""
+"""A job runs the code and the config it was submitted with (launch.snapshot): held in the
+queue while the checkout changes and its CONFIG file is edited and deleted, released,
+preempted and requeued, it trains and resumes from its snapshot and its frozen config, and
+names that code in env.json and its checkpoints."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm
     slurm_cluster.submitted.append(blocker)
     assert slurm_cluster.wait_for_state(blocker, {"RUNNING"}) == "RUNNING"
     args = f"{PREEMPTIBLE} log.wandb=off run.root={root} run.name=held"
-    done = helpers.launch("submit", cwd=repo, GPUS="0", ARGS=args)
+    asked = tmp_path / "asked.yaml"  # a CONFIG file outside the checkout, as in a login's /tmp
+    asked.write_text("recipe: digits\noptim:\n  lr: 0.0123\n")
+    done = helpers.launch("submit", cwd=repo, GPUS="0", ARGS=args, CONFIG=str(asked))
     assert done.returncode == 0, done.stderr
     job = re.search(r"submitted job (\d+)", done.stdout)[1]
     slurm_cluster.submitted.append(job)
@@ -41,6 +44,8 @@ def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm
     for module in ("engine/train.py", "launch/slurm.py"):  # the checkout moves on meanwhile
         path = repo / module
         path.write_text(BROKEN + path.read_text())
+    asked.write_text("recipe: digits\noptim:\n  lr: 9.0\n")  # the request is edited...
+    asked.unlink()  # ...then deleted, while the job waits
     assert slurm_cluster.run("scancel", blocker).returncode == 0
 
     run = root / "digits" / "held"
@@ -60,3 +65,8 @@ def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm
     assert codeid.same_code(env["code"], submitted_code), env["code"]
     assert codeid.same_code(helpers.final_checkpoint(root, "held")["code"], submitted_code)
     assert not codeid.same_code(codeid.identity(repo), submitted_code)  # the checkout's differs
+
+    # The request as submitted, to the last byte: the frozen file is the run's saved config.
+    (frozen,) = (run / "request").iterdir()
+    assert frozen.read_bytes() == (run / "config.yaml").read_bytes()
+    assert "  lr: 0.0123\n" in frozen.read_text() and not frozen.stat().st_mode & 0o222
