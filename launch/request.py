@@ -467,6 +467,22 @@ def asked_device(
 # ---------------------------------------------------------------- the request
 
 
+def container_image(args: argparse.Namespace, env: Mapping[str, str], target: str) -> str:
+    """IMAGE, else recipes:<git short sha> where a container runs or is built."""
+    image = args.image or env.get("IMAGE") or ""
+    if not image and target in ("docker", "pyxis", "image", "sif"):
+        image = default_image(ROOT)
+    return image or "recipes:dev"
+
+
+def check_node_range(node_text: str, target: str) -> None:
+    if ":" in node_text and target == "pyxis":
+        raise UserError(
+            f"NODES={node_text}: a node range needs a batch job, which SLURM can requeue onto "
+            "the nodes it has; use TARGET=submit (or make sbatch), or a fixed NODES=N"
+        )
+
+
 def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
     variant = config_argument(args.config or env.get("CONFIG") or "")
     recipe = recipe_name(args, env, variant)
@@ -491,16 +507,10 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
     recorded_variant, sections = requested_sections(recipe, variant, overrides, env)
     name = run_name(user)
     node_text = f"{nodes}:{most}" if most else str(nodes)
-    if most and target == "pyxis":
-        raise UserError(
-            f"NODES={node_text}: a node range needs a batch job, which SLURM can requeue onto "
-            "the nodes it has; use TARGET=submit (or make sbatch), or a fixed NODES=N"
-        )
+    check_node_range(node_text, target)
     rdzv = rendezvous(args, env, node_text, name, target)
     restarts = max_restarts(args, env, target, node_text if most else None)
-    image = args.image or env.get("IMAGE") or ""
-    if not image and target in ("docker", "pyxis", "image", "sif"):
-        image = default_image(ROOT)
+    image = container_image(args, env, target)
     warnings = ()
     if picked and target == "local":
         warnings = check_gpus_visible(
@@ -518,7 +528,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         procs=procs,
         overrides=overrides,
         python=sys.executable,
-        image=image or "recipes:dev",
+        image=image,
         sif=args.sif or env.get("SIF") or "recipes.sif",
         rdzv_endpoint=rdzv,
         max_restarts=restarts,
