@@ -78,11 +78,21 @@ def check_fresh_start(run_dir: Path, resume: str, overwrite: bool) -> None:
         )
 
 
+def slurm_job(environ=os.environ) -> str | None:
+    """This process's SLURM job as scancel and scontrol address it: `<array>_<task>` for an
+    array task (its SLURM_JOB_ID alone may be the array's own id, which names every task:
+    `scancel` of it stops the whole sweep), else SLURM_JOB_ID; None outside SLURM."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return environ.get("SLURM_JOB_ID")
+
+
 def holder_description() -> dict:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job_id": slurm_job(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 

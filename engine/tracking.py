@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from engine import hardware
+from engine import hardware, rundir
 from engine.atomic import atomic_write_text
 from engine.config import ConfigError, LogConfig
 from engine.redact import redact
@@ -254,7 +254,7 @@ def environment(
             "cpu_threads": torch.get_num_threads(),
             "hardware": hardware.facts(device),
             "argv": sys.argv,
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_job_id": rundir.slurm_job(),  # <array>_<task> for a sweep's member
         }
     )
 

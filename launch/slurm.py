@@ -37,7 +37,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from engine import preempt
-from launch import render, snapshot
+from launch import render, snapshot, watch
 from launch.errors import UserError
 from launch.render import PREEMPTED, Request
 
@@ -316,6 +316,7 @@ def submit(req: Request, config: str) -> int:
         return ex.submit(engine_job(req))
 
     job = submitted(queue, Path(req.src) / req.run_dir)
+    watch.record_submission(Path(req.src) / req.run_dir, job)
     print(describe(job, req))
     return 0
 
@@ -342,4 +343,7 @@ def submit_array(
         return ex.submit_array(jobs)
 
     # the sweep's folder and the members' run directories their frozen configs opened
-    return submitted(queue, folder.parent, *(Path(r.src) / r.run_dir for r in reqs))
+    jobs = submitted(queue, folder.parent, *(Path(r.src) / r.run_dir for r in reqs))
+    for r, job in zip(reqs, jobs, strict=True):  # make status and cancel find queued members
+        watch.record_submission(Path(r.src) / r.run_dir, job)
+    return jobs

@@ -23,6 +23,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine import rundir
 from engine.redact import redact
 from engine.rundir import decide_run_dir
 from launch import check, grid, render, request, snapshot
@@ -46,6 +48,8 @@ COMMAND_VARS = (
     "RECIPE CONFIG SWEEP SEEDS BASELINE GPUS NODES PROCS TARGET PARALLEL PARTITION ACCOUNT "
     "QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE ARGS"
 ).split()
+WAIT_POLL_S = 5.0  # squeue asked this often while a submitted array is waited for
+RESULT_GRACE_S = 10.0  # a task's result file awaited this long once it left the queue
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")  # fmt: skip
 
@@ -281,9 +285,15 @@ def stand(planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str
         member.status, member.last_line = "unfinished", "squeue cannot say whether it is queued"
     elif failed(attempt, path):
         member.status, member.last_line = "failed", last_line(log) or attempt.get("said")
-    elif path.exists():
+    elif started(path):
         member.status, member.last_line = "unfinished", last_line(log)
     return member
+
+
+def started(path: Path) -> bool:
+    """The member's engine has started in its run directory (a submission alone writes its
+    frozen config there)."""
+    return any((path / name).exists() for name in ("config.yaml", rundir.STATE_NAME))
 
 
 def failed(attempt: Mapping[str, Any], path: Path) -> bool:
@@ -291,7 +301,7 @@ def failed(attempt: Mapping[str, Any], path: Path) -> bool:
     its SLURM task left the queue without finishing it."""
     if attempt.get("stopped") or attempt.get("exit") == render.PREEMPTED:
         return False
-    return attempt.get("exit") not in (None, 0) or bool(attempt.get("job") and path.exists())
+    return attempt.get("exit") not in (None, 0) or bool(attempt.get("job") and started(path))
 
 
 def standing(plan: Plan, attempts: Mapping[str, Mapping]) -> list[Member]:
@@ -396,13 +406,66 @@ def run_slurm(
     write_manifest(plan.folder, record)
     if not wait:
         return
+    wait_for_array(plan, reqs, jobs)
     for r, job in zip(reqs, jobs, strict=True):
-        try:
-            job.result()
-        except Exception as e:  # submitit re-raises the task's failure here
-            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            record["attempts"][r.run_name] |= {"exit": 1, "said": said}
+        record["attempts"][r.run_name] |= task_outcome(plan, r.run_name, job)
     write_manifest(plan.folder, record)
+
+
+def wait_for_array(plan: Plan, reqs: list[Request], jobs: list[Any]) -> None:
+    """Until no task of the array is queued or running, asked of squeue, which needs no
+    accounting database. submitit's own wait asks sacct: without slurmdbd it warns at every
+    poll, and a task that ended without a result file (stopped, preempted for good) keeps
+    it waiting for ever. Where squeue cannot answer, a warning once, and it asks again."""
+    waiting = {job.job_id: r.run_name for r, job in zip(reqs, jobs, strict=True)}
+    warned = False
+    while waiting:
+        live = live_jobs({name: {"job": job} for job, name in waiting.items()})
+        if live is None and not warned:
+            print(f"launch: warning: sweep {plan.name}: squeue cannot say which members are "
+                  "still queued or running; asking again every "
+                  f"{WAIT_POLL_S:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+            warned = True
+        if live is not None:
+            waiting = {job: name for job, name in waiting.items() if job in live}
+        if waiting:
+            time.sleep(WAIT_POLL_S)
+
+
+def task_outcome(plan: Plan, name: str, job: Any) -> dict[str, Any]:
+    """How an array task that left the queue ended: its result file says finished or failed
+    (with the error); none means the member stopped before its end (make cancel, a
+    preemption not requeued), said in one line: rerunning the sweep resumes it."""
+    result = job.paths.result_pickle
+    deadline = time.monotonic() + RESULT_GRACE_S  # a slow shared filesystem shows it late
+    while not result.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not result.exists():
+        ended = job_end(job.job_id)
+        print(f"launch: sweep {plan.name}: member {name} (job {job.job_id}) ended without "
+              f"finishing ({ended}); {plan.rerun} to run it again (from its checkpoint, if any)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return {"stopped": ended}
+    try:
+        job.result()
+    except Exception as e:  # submitit re-raises the task's failure here
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return {"exit": 1, "said": said}
+    return {"exit": 0}
+
+
+def job_end(job_id: str) -> str:
+    """`JobState, exit N` as scontrol still tells it, else that it no longer knows."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                             text=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    state = re.search(r"JobState=(\S+)", out)
+    code = re.search(r"ExitCode=(\d+):", out)
+    if not state:
+        return "SLURM no longer knows the task"
+    return f"{state[1]}, exit {code[1]}" if code else state[1]
 
 
 # ---------------------------------------------------------------- what is left

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine import rundir
 from launch import runs
@@ -51,6 +52,10 @@ ENDED = {
     "PREEMPTED": "failed",
 }
 JOB_FILE = re.compile(r"^(\d+)_")  # submitit's <job id>_submitted.pkl, <job id>_0_log.err, ...
+JOB_ID = re.compile(r"\d+(_\d+)?")  # a job, or an array's task: <array>_<task>
+# Written into the run directory at submission: the job (an array task as <array>_<task>) and
+# its log files, so a member still queued is listed, watched and cancelled alone.
+SUBMITTED = "submitted.json"
 LAST_LINE_WIDTH = 100
 TAIL_LINES = 20
 POLL_S = 0.5
@@ -86,9 +91,13 @@ class Slurm:
 
     def scancel(self, *args: str) -> None:
         out = _run(["scancel", *args])
-        if out is None or out.returncode != 0:
-            said = (out.stderr.strip().splitlines() or ["no answer"])[-1] if out else "no answer"
-            raise UserError(f"scancel {' '.join(args)} failed: {said}", code=1)
+        if out is None:
+            raise UserError(f"scancel {' '.join(args)} failed: no answer within 20 s", code=1)
+        said = out.stderr.strip().splitlines()
+        # Slurm 22.05 signals an array task whose array still has pending tasks, then exits
+        # non-zero without a word: a silent exit is a signal delivered.
+        if out.returncode != 0 and said:
+            raise UserError(f"scancel {' '.join(args)} failed: {said[-1]}", code=1)
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess | None:
@@ -152,12 +161,29 @@ def job_ids(run: Path) -> list[str]:
     return sorted({m.group(1) for n in names if (m := JOB_FILE.match(n))}, key=int)
 
 
+def job_order(job: str) -> tuple[int, int]:
+    array, _, task = job.partition("_")
+    return int(array), int(task or -1)
+
+
+def record_submission(run: Path, job: Any) -> None:
+    """SUBMITTED in the run directory, for a submitit job (an array task's id is
+    <array>_<task>)."""
+    facts = {"job": str(job.job_id), "stdout": str(job.paths.stdout),
+             "stderr": str(job.paths.stderr), "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    part = run / f".{SUBMITTED}.part"
+    part.write_text(json.dumps(facts) + "\n")
+    os.replace(part, run / SUBMITTED)
+
+
 def newest_job(run: Path, env: dict) -> str:
-    """The run's latest SLURM job: the newest of its submissions and of the job that last
-    started it (a batch script's job leaves no files in <run>/slurm/); "" for none."""
-    ids = [*job_ids(run), str(env.get("slurm_job_id") or "")]
-    ids = [i for i in ids if i.isdigit()]
-    return max(ids, key=int) if ids else ""
+    """The run's latest SLURM job: the newest of its submissions (submitit's files in
+    <run>/slurm/, SUBMITTED) and of the job that last started it (a batch script's job leaves
+    no files in <run>/slurm/); "" for none."""
+    recorded = read_json(run / SUBMITTED).get("job")
+    ids = [*job_ids(run), str(env.get("slurm_job_id") or ""), str(recorded or "")]
+    ids = [i for i in ids if JOB_ID.fullmatch(i)]
+    return max(ids, key=job_order) if ids else ""
 
 
 def started_at(holder: dict) -> float:
@@ -213,6 +239,10 @@ def log_files(run: Path, job: str) -> list[Path]:
     node it ran: they are on the shared run folder), else rank 0's train.log."""
     if job:
         found = sorted((run / "slurm").glob(f"{job}_*_log.*"))
+        recorded = read_json(run / SUBMITTED)
+        if not found and recorded.get("job") == job:  # a sweep's member: in the sweep's folder
+            found = [Path(recorded[k]) for k in ("stderr", "stdout") if recorded.get(k)]
+            found = [p for p in found if p.is_file()]
         if found:
             return found
     log = run / rundir.LOG_NAME
@@ -331,8 +361,9 @@ def run_words(env: Mapping[str, str]) -> list[str]:
         words = shlex.split(env.get("RUNS", ""))
     except ValueError as err:
         raise UserError(f"RUNS cannot be split into paths ({err}); check its quotes") from None
-    if words:
-        paths = [path for word in words for path in runs.expand(word)]
+    if words:  # a pattern's sweep folders are not runs (their members are)
+        paths = [path for word in words for path in runs.expand(word)
+                 if word == path or not (Path(path) / "sweep.json").exists()]  # fmt: skip
         missing = [p for p in paths if not Path(p).is_dir()]
         if missing:
             raise UserError(f"RUNS: {missing[0]} is not a directory; give run directories")
@@ -345,7 +376,8 @@ def looks_like_run(path: Path) -> bool:
     """A run's folder (a sweep's folder, beside its members, holds sweep.json instead)."""
     if not path.is_dir() or (path / "sweep.json").exists():
         return False
-    marks = ("metrics.jsonl", "config.yaml", rundir.LOCK_NAME, rundir.STATE_NAME, "slurm")
+    marks = ("metrics.jsonl", "config.yaml", rundir.LOCK_NAME, rundir.STATE_NAME, "slurm",
+             SUBMITTED)  # fmt: skip
     return any((path / mark).exists() for mark in marks)
 
 

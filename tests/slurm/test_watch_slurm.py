@@ -184,3 +184,52 @@ def test_cancel_of_a_job_whose_engine_has_not_started_cancels_it_outright(slurm_
     assert done.stdout == f"cancelled SLURM job {job} (running); make status says stopped\n"
     assert slurm_cluster.wait(job, timeout=60).state == "CANCELLED"
     assert rows(launch("status", RUNS=str(run)).stdout)["starting"][:2] == ["stopped", job]
+
+
+def test_a_sweep_member_is_listed_watched_and_cancelled_alone_and_the_waiting_sweep_ends(
+    slurm_cluster, tmp_path
+):
+    """A job array of three members, one task at a time: while the first runs, the two
+    queued members are listed under their own <array>_<task>; cancelling the queued third
+    and the running first stops just those (the second still runs and finishes), and the
+    sweep that waits for its array ends with a line for each stopped member: no sacct, no
+    wait for ever on a task that left no result."""
+    args = f"{QUIET} train.max_steps=3000,6,7 {LONG.split(maxsplit=1)[1]} run.root={tmp_path}"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "launch", "sweep", "--slurm"], cwd=ROOT, text=True,
+        env=launch_env(GPUS="0", SEEDS="1", PARALLEL="1", ARGS=f"{args} run.name=one"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        manifest = tmp_path / "digits" / "one-sweep" / "sweep.json"
+        wait_for_text(manifest, '"job"', timeout=180)
+        jobs = {n: a["job"] for n, a in json.loads(manifest.read_text())["attempts"].items()}
+        slurm_cluster.submitted += list(jobs.values())
+        (first, second, third) = sorted(jobs, key=lambda n: jobs[n])
+        array = jobs[first].split("_")[0]
+        assert [jobs[n] for n in (first, second, third)] == [f"{array}_{i}" for i in range(3)]
+        wait_for_text(tmp_path / "digits" / first / rundir.LOG_NAME, "step 4/3000")
+
+        found = rows(launch("status", RUNS=f"{tmp_path}/digits/one-*").stdout)
+        assert sorted(found) == sorted(jobs)  # the sweep's own folder is not a run
+        assert found[first][:2] == ["running", jobs[first]]
+        for queued in (second, third):
+            assert found[queued][0].startswith("queued") and found[queued][1] == jobs[queued]
+
+        done = launch("cancel", RUN=str(tmp_path / "digits" / third))
+        assert done.stdout.startswith(f"cancelled SLURM job {jobs[third]} (queued)"), done
+        done = launch("cancel", RUN=str(tmp_path / "digits" / first))
+        assert done.stdout.startswith(f"asked SLURM job {jobs[first]} to stop"), done
+        out, err = sweep.communicate(timeout=300)  # ends by itself: no task is left
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 1, err
+    assert "Bypassing" not in err and "sacct" not in err, err
+    for stopped in (first, third):
+        assert f"member {stopped} (job {jobs[stopped]}) ended without finishing" in err, err
+    assert "1 of 3 members finished (1 unfinished, 1 missing)" in err, err  # 3rd never ran
+    found = rows(launch("status", RUNS=f"{tmp_path}/digits/one-*").stdout)
+    assert [found[n][:2] for n in (first, second, third)] == [
+        ["stopped", jobs[first]], ["finished", jobs[second]], ["stopped", jobs[third]],
+    ]  # fmt: skip
