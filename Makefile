@@ -28,12 +28,38 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: train eval recipes config shards test test-fast test-container submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
+.PHONY: help train eval recipes config shards test test-fast test-container submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
 
-# The venv is rebuilt when it is missing or older than the lock.
+# Every target and request variable in one screen (needs no venv); README.md says more.
+help:
+	@printf '%s\n' \
+	"make TARGET [VARIABLE=value ...]; defaults in brackets, README.md and docs/ for more" \
+	"" \
+	"Training:   train (here) | dry-run (print it) | eval CKPT=... | config (resolved, to stdout)" \
+	"            recipes | shards | export CKPT=... OUT=... | docker-train | image | sif" \
+	"SLURM:      submit | sbatch (> job.sh) | status | logs RUN=... | cancel RUN=..." \
+	"Sweeps:     sweep | compare RUNS=... | report RUNS=... | publish RUNS=... TO=... | reproduce" \
+	"Project:    test | test-fast | test-container | bench | lint | venv | lock | clean" \
+	"            gpu-wheels | image-digest | help" \
+	"" \
+	"The request: RECIPE [digits]  CONFIG (variant or file)  GPUS [this machine's]  NODES [1]" \
+	"             PROCS [1]  ARGS='key=value ...'  IMAGE  DRY_RUN=1  TARGET (train, sweep)" \
+	"SLURM:       PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE" \
+	"             SIGNAL_DELAY_S MAX_REQUEUES ALLOW_CPU MAX_RESTARTS" \
+	"Sweeps:      SEEDS [3]  SWEEP (file)  BASELINE  PARALLEL  RUNS  TO" \
+	"Watching:    RUNS  RUN  FOLLOW=1  eval/export: CKPT EMA OUT BEST AVERAGE FORCE" \
+	"Remote:      REMOTE=user@login REMOTE_DIR REMOTE_PYTHON REMOTE_SSH" \
+	"Container:   DOCKER DOCKER_NETWORK BASE_IMAGE CA_BUNDLE PIP_INDEX_URL" \
+	"             PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST" \
+	"" \
+	"Every setting: python -m engine.train RECIPE --help (each config key, type, default)"
+
+# The venv is rebuilt when it is missing or older than the lock. Everything it says goes to
+# stderr: stdout is the target's artefact alone (make config > run.yaml, make sbatch > job.sh).
 $(STAMP): requirements.lock
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@echo "make: installing requirements.lock into $(VENV) (once, and after the lock changes)" >&2
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) >&2
+	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock >&2
 	@touch $(STAMP)
 
 venv: $(STAMP)
