@@ -447,6 +447,18 @@ def sif_build(req: Request) -> list[str]:
     return ["apptainer", "build", "--force", req.sif, f"docker-daemon://{req.image}"]
 
 
+def guarded(setup: tuple[str, ...]) -> list[str]:
+    """slurm.setup's lines as a batch script runs them: each in the script's own shell (a
+    `module load` or `source` must stay in effect), and the first that fails ends the job,
+    its line and exit status in the job's log (make status shows it) instead of a job that
+    goes on without its modules and "finishes"."""
+    return [
+        f"{{ {line}\n}} || {{ echo {shlex.quote(f'setup line failed: {line}')} \"(exit $?)\" >&2; "
+        "exit 1; }"
+        for line in setup
+    ]
+
+
 def slurm_log_dir(req: Request) -> str:
     return posixpath.join(req.run_dir, "slurm")
 
@@ -486,7 +498,7 @@ def sbatch_script(req: Request) -> str:
         f"# Submit: mkdir -p {shlex.quote(_one_line('log dir', _host(req, logs)))} && sbatch FILE",
         *(_directive(k, v) for k, v in directives.items() if v is not None),
         "",
-        *s.setup,
+        *guarded(s.setup),
         *job_exports(req),
     ]
     if s.cpus_per_task:  # srun does not inherit --cpus-per-task from sbatch (Slurm >= 22.05)

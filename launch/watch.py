@@ -171,6 +171,7 @@ def record_submission(run: Path, job: Any) -> None:
     <array>_<task>)."""
     facts = {"job": str(job.job_id), "stdout": str(job.paths.stdout),
              "stderr": str(job.paths.stderr), "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    run.mkdir(parents=True, exist_ok=True)
     part = run / f".{SUBMITTED}.part"
     part.write_text(json.dumps(facts) + "\n")
     os.replace(part, run / SUBMITTED)

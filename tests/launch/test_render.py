@@ -420,7 +420,7 @@ def test_sbatch_setup_lines_and_srun_cpus_come_before_srun():
     slurm = Slurm(setup=("module load cuda", "source .venv/bin/activate"), cpus_per_task=4)
     script = render.sbatch_script(req(gpus=2, slurm=slurm)).splitlines()
     srun = next(i for i, line in enumerate(script) if line.startswith("srun "))
-    assert script.index("module load cuda") < srun
+    assert script.index("{ module load cuda") < srun
     assert script.index('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"') < srun
 
 

@@ -146,3 +146,19 @@ def test_eval_of_a_run_renders_its_saved_config(imagenet_run, capsys, monkeypatc
     assert argv[argv.index("--config") + 1] == str(imagenet_run / "config.yaml")
     (asked,) = checked  # checked first, with the same saved config
     assert asked[asked.index("--config") + 1] == str(imagenet_run / "config.yaml")
+
+
+def test_the_cpu_refusal_names_who_asked_for_the_gpus(tmp_path):
+    """ALLOW_CPU's refusal names the layer that set slurm.gpus_per_node: a config file, a
+    variant, ARGS, or the recipe."""
+    asked = tmp_path / "gpus.yaml"
+    asked.write_text("recipe: digits\nslurm:\n  gpus_per_node: 4\n")
+
+    def refusal(**env: str) -> str:
+        with pytest.raises(request.UserError) as err:
+            request.resolve(cli.parse_args(["submit"]), {"GPUS": "0", **env}, target="submit")
+        return str(err.value)
+
+    assert refusal(CONFIG=str(asked)).startswith(f"CONFIG={asked} sets slurm.gpus_per_node=4,")
+    assert refusal(RECIPE="imagenet").startswith("recipe imagenet declares slurm.gpus_per_node=8")
+    assert refusal(ARGS="slurm.gpus_per_node=2").startswith("ARGS sets slurm.gpus_per_node=2")

@@ -268,3 +268,18 @@ def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster):
     line = refused(PARTITION="no-such-partition")
     assert line.startswith("launch: SLURM refused the job: ")
     assert "Invalid partition name specified; check PARTITION" in line
+
+
+def test_a_failing_setup_line_fails_the_job_and_make_status_names_it(slurm_cluster, tmp_path):
+    """slurm.setup runs as `set -e` would: a `module load` that is not there ends the job
+    FAILED before srun, and make status shows the line, not a job that "finished"."""
+    asked = tmp_path / "site.yaml"
+    asked.write_text("recipe: digits\nslurm:\n  setup: ['true', 'no-such-module load cuda']\n")
+    job, _ = submit(slurm_cluster, f"run.root={tmp_path} run.name=nosetup", CONFIG=str(asked))
+    assert slurm_cluster.wait(job, timeout=120).state == "FAILED"
+    run = tmp_path / "digits" / "nosetup"
+    status = launch("status", RUNS=str(run))
+    row = re.split(r"\s{2,}", status.stdout.strip().splitlines()[1])
+    assert row[1:3] == ["failed", job], status.stdout
+    assert row[-1] == "setup line failed: no-such-module load cuda (exit 127)", status.stdout
+    assert not (run / "config.yaml").exists()  # the engine never started
