@@ -263,8 +263,13 @@ def last_lines(path: Path, count: int) -> list[str]:
     return [line for line in text.split("\n") if line.strip()][-count:]
 
 
+# What srun and submitit add around the engine's own lines (`srun: error: node1: task 0:
+# Exited with exit code 75`): the engine's last line says why, theirs only that it ended.
+WRAPPER_LINE = re.compile(r"^(srun: |slurmstepd: |submitit (INFO|WARNING|DEBUG|ERROR) \()")
+
+
 def last_line(files: list[Path]) -> str:
-    """The last line of the file written last."""
+    """The last line of the run's own (not srun's or submitit's) in the file written last."""
     dated = []
     for path in files:
         try:
@@ -272,9 +277,9 @@ def last_line(files: list[Path]) -> str:
         except OSError:
             continue
     for _, path in sorted(dated, reverse=True):
-        lines = last_lines(path, 1)
+        lines = [line for line in last_lines(path, TAIL_LINES) if not WRAPPER_LINE.match(line)]
         if lines:
-            text = printable(lines[0].strip())
+            text = printable(lines[-1].strip())
             return text if len(text) <= LAST_LINE_WIDTH else text[: LAST_LINE_WIDTH - 3] + "..."
     return ""
 

@@ -200,3 +200,13 @@ def test_cancel_of_a_folder_that_is_no_run_is_one_line(tmp_path):
         out.stderr
         == f"launch: RUN={tmp_path} is not a run directory (no config.yaml, lock or slurm/)\n"
     )
+
+
+def test_status_shows_the_engine_s_last_line_not_srun_s_or_submitit_s(tmp_path):
+    err = "step 12/40 loss 0.3\nstopped at step 12 (preempted: SIGTERM); checkpoint saved\n"
+    err += "srun: error: node1: task 0: Exited with exit code 75\n"
+    out = "submitit INFO (2026-12-06 07:00:09,864) - Exiting after successful completion\n"
+    run = fake_run(tmp_path, "job", **{"slurm__8_0_log.err": err, "slurm__8_0_log.out": out})
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "squeue").exists())  # fmt: skip
+    found = rows(launch("status", RUNS=str(run), PATH=path).stdout)[str(run)]
+    assert found[-1] == "stopped at step 12 (preempted: SIGTERM); checkpoint saved"
