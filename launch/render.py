@@ -453,7 +453,7 @@ def guarded(setup: tuple[str, ...]) -> list[str]:
     its line and exit status in the job's log (make status shows it) instead of a job that
     goes on without its modules and "finishes"."""
     return [
-        f"{{ {line}\n}} || {{ echo {shlex.quote(f'setup line failed: {line}')} \"(exit $?)\" >&2; "
+        f'{{ {line}\n}} || {{ echo {shlex.quote(f"setup line failed: {line}")} "(exit $?)" >&2; '
         "exit 1; }"
         for line in setup
     ]

@@ -22,7 +22,10 @@ from launch.errors import UserError
 # a config.yaml too, never holds one.
 MARKER = "metrics.jsonl"
 # Settings that name, place, log or pause a run without changing what it trains.
-BOOKKEEPING_PREFIXES = ("run.", "log.")
+# Not settings: where a run went and what it logged (run., log.), how it asked the scheduler
+# for a place (slurm.) and how often it saved (ckpt.): none changes what it trains (a resume is
+# bitwise), so runs differing only in them are one cell.
+BOOKKEEPING_PREFIXES = ("run.", "log.", "slurm.", "ckpt.")
 BOOKKEEPING = ("resume", "train.stop_at_step")
 UNSET = "(unset)"
 # Not a config key: the data a run trained on (env.json's "data" fingerprints), a setting in

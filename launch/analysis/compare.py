@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -326,8 +327,32 @@ def check_one_recipe(found: list[runs.Run]) -> None:
         )
 
 
+def with_records(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+    """The runs to compare: each one named, and of a pattern's matches those that recorded a
+    step or an evaluation (a run that failed at its start, a member still queued, a sweep's
+    folder are left out, named on stderr, instead of ending the comparison)."""
+    paths = report.run_paths(args, env, command="compare")
+    named = set(args.overrides) | set(shlex.split(env.get("RUNS", "")))
+    empty = [p for p in paths if p not in named and not has_records(Path(p))]
+    if empty:
+        print(f"compare: left out {len(empty)} matched folder(s) with no training records: "
+              f"{', '.join(empty)}", file=sys.stderr)  # fmt: skip
+    kept = [p for p in paths if p not in empty]
+    if not kept:
+        raise UserError("no run among the matches has training records; name finished runs")
+    return kept
+
+
+def has_records(path: Path) -> bool:
+    metrics = path / runs.MARKER
+    if not metrics.is_file():
+        return False
+    found = runs.read_metrics(metrics)
+    return bool(found.train or found.eval)
+
+
 def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
-    found = report.read_runs(report.run_paths(args, env, command="compare"))
+    found = report.read_runs(with_records(args, env))
     check_one_recipe(found)
     parent = report.common_parent(found)
     stem = report.output_stem(found).replace("report-", "compare-", 1)

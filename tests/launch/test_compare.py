@@ -120,3 +120,38 @@ def test_runs_on_the_same_data_or_unrecorded_data_are_one_group(tmp_path, capsys
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "Comparison of 3 runs in 1 group" in out and "different data" not in out
+
+
+def test_placement_and_checkpoint_keys_are_not_settings_runs_differ_in(tmp_path, capsys):
+    """Where a run was placed (slurm.*) and how often it saved (ckpt.*) do not change what it
+    trained: runs differing only in them are one group."""
+    runs = [make_run(tmp_path, f"a{s}", "digits", s, 0.5 + s / 100) for s in range(3)]
+    for run, (partition, every) in zip(runs, [("gpu", 0), ("cpu", 50), ("gpu", 200)]):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config |= {"slurm": {"partition": partition}, "ckpt": {"every_steps": every}}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    code = cli.main(["compare", *map(str, runs)], env={})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Comparison of 3 runs in 1 group" in out and "slurm.partition" not in out
+
+
+def test_a_pattern_leaves_out_the_folders_without_records_and_names_them(tmp_path, capsys):
+    """RUNS='runs/digits/lr-*' where one member failed at its start and one is still queued:
+    the finished ones are compared, the others named; a folder named alone is still refused."""
+    done = [make_run(tmp_path, f"lr-{s}", "digits", s, 0.5 + s / 100) for s in range(2)]
+    failed = tmp_path / "lr-2"
+    failed.mkdir()
+    (failed / "config.yaml").write_text("recipe: digits\nseed: 2\n")
+    (failed / "metrics.jsonl").write_text("")  # died before its first step
+    queued = tmp_path / "lr-3" / "request"  # a queued member: its frozen config alone
+    queued.mkdir(parents=True)
+    code = cli.main(["compare"], env={"RUNS": f"{tmp_path}/lr-*"})
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Comparison of 2 runs in 1 group" in out
+    assert err.startswith(f"compare: left out 2 matched folder(s) with no training records: "
+                          f"{failed}, {queued.parent}\n")  # fmt: skip
+    assert all((run / "summary.json").is_file() for run in done)
+    code = cli.main(["compare", str(done[0]), str(queued.parent)], env={})
+    assert code == 2 and capsys.readouterr().err.startswith("launch: ")
