@@ -126,7 +126,7 @@ def test_placement_and_checkpoint_keys_are_not_settings_runs_differ_in(tmp_path,
     """Where a run was placed (slurm.*) and how often it saved (ckpt.*) do not change what it
     trained: runs differing only in them are one group."""
     runs = [make_run(tmp_path, f"a{s}", "digits", s, 0.5 + s / 100) for s in range(3)]
-    for run, (partition, every) in zip(runs, [("gpu", 0), ("cpu", 50), ("gpu", 200)]):
+    for run, (partition, every) in zip(runs, [("gpu", 0), ("cpu", 50), ("gpu", 200)], strict=True):
         config = yaml.safe_load((run / "config.yaml").read_text())
         config |= {"slurm": {"partition": partition}, "ckpt": {"every_steps": every}}
         (run / "config.yaml").write_text(yaml.safe_dump(config))
