@@ -88,6 +88,13 @@ def slurm_job(environ=os.environ) -> str | None:
     return environ.get("SLURM_JOB_ID")
 
 
+def slurm_restarts(environ=os.environ) -> int:
+    """How often SLURM has started this job again (requeued: preempted, a node lost, by
+    hand); 0 for its first start and outside SLURM."""
+    count = environ.get("SLURM_RESTART_COUNT", "")
+    return int(count) if count.isdigit() else 0
+
+
 def holder_description() -> dict:
     return {
         "host": socket.gethostname(),

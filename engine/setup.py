@@ -128,7 +128,7 @@ def setup(
             log(f"resuming from {source[0]} (epoch {run.progress.epoch}, step {run.progress.step})")
     if records:
         open_run_dir(run, mode)
-        if source and denv.is_main:
+        if denv.is_main:
             record_changes(run, source)
     if denv.local_rank == 0:
         warn_shared_memory(run)
@@ -315,11 +315,38 @@ def open_run_dir(run: Run, wandb: str) -> None:
         ckpt.atomic_write_text(run.run_dir / "env.json", json.dumps(env, indent=2) + "\n")
 
 
-def record_changes(run: Run, source: tuple[Path, dict]) -> None:
-    """Rank 0, resuming: what changed since the checkpoint (world size, code, data)."""
-    record_world_change(run, source)
-    record_code_change(run, source)
-    record_data_change(run, source)
+def record_requeue(run: Run, source: tuple[Path, dict] | None) -> None:
+    """Rank 0 of a SLURM job started again (SLURM_RESTART_COUNT > 0: preempted and requeued,
+    its node lost, `scontrol requeue` by hand): a record in metrics.jsonl and W&B, with how
+    the start before it ended (its state.json, not yet overwritten), and a log line."""
+    restarts = rundir.slurm_restarts()
+    if not restarts:
+        return
+    try:
+        before = json.loads((run.run_dir / rundir.STATE_NAME).read_text())
+    except (OSError, ValueError):
+        before = {}
+    if before.get("state") == "running":  # no word from it: a lost node, a kill, by hand
+        cause = "the previous start ended without a word (a node lost, a kill, a requeue by hand)"
+    else:
+        cause = before.get("why") or before.get("state") or "no record of the previous start"
+    step = source[1]["step"] if source else 0
+    record = {"kind": "requeue", "step": step, "restart": restarts}
+    record |= {"job": rundir.slurm_job(), "cause": cause}
+    record |= {"checkpoint": source[0].name} if source else {}
+    run.records.tracker.write(record)
+    resumed = f"resumed from {source[0].name} (step {step})" if source else "from the start"
+    log(f"SLURM start {restarts + 1} of job {record['job']}: {resumed}; before: {cause}")
+
+
+def record_changes(run: Run, source: tuple[Path, dict] | None) -> None:
+    """Rank 0: a SLURM requeue that started it again, and, resuming, what changed since the
+    checkpoint (world size, code, data)."""
+    record_requeue(run, source)
+    if source:
+        record_world_change(run, source)
+        record_code_change(run, source)
+        record_data_change(run, source)
 
 
 def record_world_change(run: Run, source: tuple[Path, dict]) -> None:

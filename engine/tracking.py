@@ -266,6 +266,7 @@ EVENT_KINDS = (
     "world_size",
     "code",
     "data",
+    "requeue",
 )  # records of what happened to the run, not of a step's metrics
 
 

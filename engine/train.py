@@ -489,6 +489,8 @@ def write_state(
     run_dir: Path, state: str, step: int, steps: int | None, exit_code: int | None, why: str
 ) -> None:
     facts = {"state": state, "step": step, "steps": steps, "time": round(time.time(), 3)}
+    if restarts := rundir.slurm_restarts():  # this start follows that many requeues
+        facts["requeues"] = restarts
     if exit_code is not None:
         facts |= {"exit_code": exit_code, "why": why}
     ckpt.atomic_write_text(run_dir / rundir.STATE_NAME, json.dumps(facts) + "\n")

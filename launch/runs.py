@@ -43,6 +43,7 @@ class Metrics:
     eval: list[dict] = field(default_factory=list)
     world_changes: list[dict] = field(default_factory=list)  # elastic restarts, in file order
     code_changes: list[dict] = field(default_factory=list)  # run.allow_code_change resumes
+    requeues: list[dict] = field(default_factory=list)  # SLURM starts again, with their cause
     data_changes: list[dict] = field(default_factory=list)  # run.allow_data_change resumes
     notes: list[str] = field(default_factory=list)  # lines skipped, said to the user
 
@@ -198,6 +199,7 @@ def read_metrics(path: Path) -> Metrics:
         eval=[r for r in ordered if r["kind"] == "eval"],
         world_changes=[r for r in latest.values() if r["kind"] == "world_size"],
         code_changes=[r for r in latest.values() if r["kind"] == "code"],
+        requeues=[r for r in latest.values() if r["kind"] == "requeue"],
         data_changes=[r for r in latest.values() if r["kind"] == "data"],
         notes=notes,
     )

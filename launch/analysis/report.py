@@ -229,7 +229,7 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
-    lines += time_breakdown(found) + profiles(found) + world_changes(found)
+    lines += time_breakdown(found) + profiles(found) + world_changes(found) + requeues(found)
     lines += resumed_changes(found, "code") + resumed_changes(found, "data")
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
@@ -385,6 +385,25 @@ def world_changes(found: list[Run]) -> list[str]:
         "sample order; the steps after that checkpoint were trained again (their records "
         "replaced), and the time lost runs from the checkpoint's writing to the restart.",
     ]
+
+
+def requeues(found: list[Run]) -> list[str]:
+    """The table of the runs' SLURM requeues (preempted, a node lost, by hand), each with how
+    the start before it ended; none: nothing."""
+    rows = [
+        f"| {run.name} | {r.get('restart')} | {r.get('job', 'n/a')} | {r['step']} | "
+        f"{escape_cell(str(r.get('cause', 'n/a')))} |"
+        for run in found
+        for r in run.metrics.requeues
+    ]
+    if not rows:
+        return []
+    head = "| run | requeue | job | resumed at step | how the start before ended |"
+    return ["", "## SLURM requeues", "", head, "|---|---:|---|---:|---|", *rows]
+
+
+def escape_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 # What a resume allowed to change, per kind: the report's heading and what it means.

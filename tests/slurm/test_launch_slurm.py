@@ -120,6 +120,16 @@ def test_submit_preempted_mid_training_resumes_bitwise_in_the_same_wandb_run(
     assert stopped == resumed
     assert f"requeued job {job}" in text
     assert "Caught signal" not in text  # the engine's handler ran, not submitit's
+    # The requeue is a record with its cause: metrics.jsonl, state.json, the report.
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (requeue,) = [e for e in events if e["kind"] == "requeue"]
+    assert requeue == {"kind": "requeue", "step": stopped, "restart": 1, "job": job,
+                       "cause": "preempted: SIGUSR2", "checkpoint": f"step-{stopped:08d}.pt"}  # fmt: skip
+    assert json.loads((run / "state.json").read_text())["requeues"] == 1
+    done = launch("report", str(run))
+    report = (run.parent / "report-pre.md").read_text()
+    assert done.returncode == 0 and "## SLURM requeues" in report, done.stderr
+    assert f"| pre | 1 | {job} | {stopped} | preempted: SIGUSR2 |" in report
 
     ref = slurm_cluster.wait(reference, timeout=300)
     assert (ref.state, ref.exit_code, ref.restarts) == ("COMPLETED", 0, 0)
