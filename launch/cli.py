@@ -288,6 +288,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
     dry = request.is_dry(args, env)
     if not dry:
         slurm.require_sbatch()
+        slurm.check_fits(req)  # before the engine's check: seconds sooner
     config = check.engine_check(req, resolved=True)
     req = snapshot.freeze(req, config)  # the job reads this config alone
     if dry:

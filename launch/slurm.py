@@ -215,7 +215,7 @@ def require_sbatch() -> None:
 # sbatch's message (lower case) -> what to check
 SLURM_HINTS = (
     (
-        ("unable to contact slurm controller", "configuration"),
+        ("unable to contact slurm controller", "could not establish a configuration source"),
         "is slurmctld running and reachable from here? `sinfo` must answer (check SLURM_CONF)",
     ),
     (("invalid partition",), "check PARTITION; `sinfo -s` lists the partitions"),
@@ -242,6 +242,53 @@ def slurm_error(message: str) -> str:
         "check the request against `sinfo`",
     )
     return f"SLURM refused the job: {said}; {hint}; nothing was queued"
+
+
+def partition_nodes(partition: str | None) -> tuple[str, dict[str, tuple[int, int]]] | None:
+    """(the partition's name, {node: (CPUs, memory MB)}) as sinfo lists them (partition None:
+    the default one); None where sinfo cannot say (not here, no answer): nothing to check."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %c %m"], capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    name, nodes = partition or "", {}
+    for line in out.stdout.splitlines():
+        node, part, cpus, mem = (line.split() + ["", "", "", ""])[:4]
+        wanted = part.rstrip("*") == partition if partition else part.endswith("*")
+        if wanted and cpus.isdigit() and mem.isdigit():
+            name, nodes[node] = part.rstrip("*"), (int(cpus), int(mem))
+    return (name, nodes) if nodes else None
+
+
+LIMITS = "`sinfo -N -o '%N %P %c %m'` lists each node's partition, CPUs and memory (MB)"
+
+
+def check_fits(req: Request) -> None:
+    """A request the partition can never satisfy (more nodes than it has, more CPUs or memory
+    than its largest node) is refused here, with its limits: SLURM would keep it queued for
+    ever, or refuse it with a message that misleads."""
+    found = partition_nodes(req.slurm.partition)
+    if found is None:
+        return
+    name, nodes = found
+    if req.most_nodes > len(nodes):
+        raise UserError(f"NODES={req.most_nodes} but partition {name} has {len(nodes)} "
+                        f"node(s); ask for at most {len(nodes)}, or another PARTITION "
+                        f"({LIMITS}); nothing was queued")  # fmt: skip
+    cpus = (req.slurm.cpus_per_task or 1) * req.procs_per_node
+    most_cpus = max(c for c, _ in nodes.values())
+    if cpus > most_cpus:
+        raise UserError(f"{req.procs_per_node} task(s) per node x CPUS_PER_TASK="
+                        f"{req.slurm.cpus_per_task or 1} need {cpus} CPUs on a node, but the "
+                        f"largest node of partition {name} has {most_cpus} ({LIMITS}); "
+                        "nothing was queued")  # fmt: skip
+    most_mb = max(m for _, m in nodes.values())
+    if req.slurm.mem_gb and req.slurm.mem_gb * 1024 > most_mb:
+        raise UserError(f"MEM_GB={req.slurm.mem_gb} but the largest node of partition {name} "
+                        f"has {most_mb} MB of memory ({LIMITS}); nothing was queued")  # fmt: skip
 
 
 class Undo:
@@ -306,6 +353,7 @@ def submit(req: Request, config: str) -> int:
     """Queues the request, its code snapshot and its frozen config (`config`, the engine's
     resolved text) written first, under the run directory."""
     require_sbatch()
+    check_fits(req)
     folder = job_folder(req)
     ex = executor(req, folder)
 
@@ -332,6 +380,7 @@ def submit_array(
     """One job array, one array task per request (all with the same resources), at most
     `parallel` of them running at once; each reads its frozen config (`configs`, in order)."""
     require_sbatch()
+    check_fits(reqs[0])  # the members ask for the same resources
     ex = executor(reqs[0], folder, job_name=name, **array_limit(parallel))
     jobs = [engine_job(r, environ) for r in reqs]
 

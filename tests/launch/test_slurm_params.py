@@ -171,6 +171,12 @@ def test_dry_run_of_a_sweep_is_the_array_a_submission_writes(fake_slurm_bin, tmp
             "specified",
             "check ACCOUNT",
         ),
+        (
+            "sbatch: error: Batch job submission failed: Requested node configuration is not "
+            "available",
+            "Batch job submission failed: Requested node configuration is not available",
+            "the request exceeds every node",  # not "is slurmctld running"
+        ),
     ],
 )
 def test_slurm_refusals_are_one_line_with_what_to_check(stderr, said, hint):

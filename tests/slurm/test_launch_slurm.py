@@ -280,6 +280,26 @@ def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster):
     assert "Invalid partition name specified; check PARTITION" in line
 
 
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"NODES": "3"}, "NODES=3 but partition debug has 2 node(s); ask for at most 2"),
+        ({"CPUS_PER_TASK": "3"}, "need 3 CPUs on a node, but the largest node of partition debug has 2"),
+        ({"MEM_GB": "1000"}, "MEM_GB=1000 but the largest node of partition debug has 4096 MB"),
+        ({"NODES": "1:3", "PARTITION": "debug"}, "NODES=3 but partition debug has 2 node(s)"),
+    ],
+    ids=["nodes", "cpus", "memory", "node range"],
+)  # fmt: skip
+def test_a_request_larger_than_the_partition_is_refused_with_its_limits(slurm_cluster, env, said):
+    """It would wait in the queue for ever (or be refused as if slurmctld were down)."""
+    name = f"big-{os.getpid()}"
+    done = launch("submit", ARGS=f"run.name={name} train.max_steps=2", timeout=60, **env)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert said in line and line.endswith("nothing was queued"), line
+    assert not (ROOT / "runs" / "digits" / name).exists() and jobs_named(name) == ""
+
+
 def test_a_failing_setup_line_fails_the_job_and_make_status_names_it(slurm_cluster, tmp_path):
     """slurm.setup runs as `set -e` would: a `module load` that is not there ends the job
     FAILED before srun, and make status shows the line, not a job that "finished"."""
