@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 
 from engine import codeid
+from launch import watch
 from launch.errors import UserError
 from launch.render import Request
 
 FOLDER = "code"
-REQUEST_FOLDER = "request"  # under the run directory: the frozen configs of its submissions
+REQUEST_FOLDER = watch.FROZEN_REQUEST  # under the run directory: its submissions' configs
 # Without git (a copy of the checkout): the code's own folders and files.
 CODE_PATHS = ("engine", "launch", "recipes", "bench", "pyproject.toml", "requirements.lock")
 SKIPPED = ("__pycache__", ".pyc")

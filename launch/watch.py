@@ -56,6 +56,7 @@ JOB_ID = re.compile(r"\d+(_\d+)?")  # a job, or an array's task: <array>_<task>
 # Written into the run directory at submission: the job (an array task as <array>_<task>) and
 # its log files, so a member still queued is listed, watched and cancelled alone.
 SUBMITTED = "submitted.json"
+FROZEN_REQUEST = "request"  # launch.snapshot's folder of a run's frozen configs
 LAST_LINE_WIDTH = 100
 TAIL_LINES = 20
 POLL_S = 0.5
@@ -338,6 +339,9 @@ def decide(
         status.state = "running"  # started, the engine not yet holding its run folder
         return
     status.state = ended_state(state_file, summary, asked, job_state)
+    if status.state == "unknown" and (run / FROZEN_REQUEST).is_dir():
+        status.state = "prepared"  # make sbatch's: frozen, but no job of it has started yet
+        status.notes.append("sbatch FILE submits it")
     if status.state == "failed" and state_file.get("why"):
         status.notes.append(f"exit {state_file.get('exit_code')}")
     if status.state == "unknown" and status.job and slurm.problem:
@@ -383,7 +387,7 @@ def looks_like_run(path: Path) -> bool:
     if not path.is_dir() or (path / "sweep.json").exists():
         return False
     marks = ("metrics.jsonl", "config.yaml", rundir.LOCK_NAME, rundir.STATE_NAME, "slurm",
-             SUBMITTED)  # fmt: skip
+             SUBMITTED, FROZEN_REQUEST)  # fmt: skip
     return any((path / mark).exists() for mark in marks)
 
 

@@ -210,3 +210,13 @@ def test_status_shows_the_engine_s_last_line_not_srun_s_or_submitit_s(tmp_path):
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "squeue").exists())  # fmt: skip
     found = rows(launch("status", RUNS=str(run), PATH=path).stdout)[str(run)]
     assert found[-1] == "stopped at step 12 (preempted: SIGTERM); checkpoint saved"
+
+
+def test_a_run_make_sbatch_prepared_is_listed_as_prepared_not_unknown(tmp_path):
+    """make sbatch freezes the request in the run folder before anything is submitted: until
+    a job of it starts, status says so instead of `unknown` for ever."""
+    run = tmp_path / "digits" / "bysbatch"
+    (run / "request").mkdir(parents=True)
+    (run / "request" / "0123456789ab.yaml").write_text("recipe: digits\n")
+    found = rows(launch("status", RUNS=f"{tmp_path}/digits/*").stdout)
+    assert found[str(run)][:2] == ["prepared (sbatch FILE submits it)", "-"]
