@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,11 @@ def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             state = _read(path)
         except Exception as err:  # torn by a crash, tampered, or from an incompatible version
-            failures.append(f"{path.name}: {reason(err)}")
-            print(f"warning: skipping unreadable checkpoint {path}: {reason(err)}", file=sys.stderr)
+            failures.append(f"{path.name}: {reason(err, path)}")
+            print(
+                f"warning: skipping unreadable checkpoint {path}: {reason(err, path)}",
+                file=sys.stderr,
+            )
             continue
         return path, state
     if failures:
@@ -139,7 +143,19 @@ def latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def reason(err: Exception) -> str:
+# What reading a file cut short raises: unpickling a stream that ends early (EOFError, and
+# IndexError "pop from empty list" from pickle's stack), or a zip with no directory at its end.
+CUT_SHORT = (EOFError, IndexError)
+
+
+def reason(err: Exception, path: Path | None = None) -> str:
+    """Why a checkpoint does not load, in a few words: "truncated: not a checkpoint" for a
+    file cut short (a crash while writing, a full disk, a partial copy), else the error."""
+    if path is not None and path.is_file() and not zipfile.is_zipfile(path):
+        size = path.stat().st_size
+        return f"truncated: not a checkpoint ({size} bytes, no zip directory at its end)"
+    if isinstance(err, CUT_SHORT):
+        return f"truncated: not a checkpoint ({type(err).__name__} reading it)"
     text = " ".join(str(err).split())
     first = text.split(". ")[0][:160]
     return f"{type(err).__name__}: {first}" if first else type(err).__name__

@@ -79,6 +79,22 @@ def test_latest_valid_skips_a_torn_checkpoint(tmp_path, capsys):
     assert "skipping unreadable checkpoint" in capsys.readouterr().err
 
 
+def test_a_folder_of_torn_checkpoints_says_truncated_not_a_checkpoint(tmp_path, capsys):
+    """Every checkpoint cut short (a full disk, a partial copy): one line that says so, not
+    the reader's own error (EOFError, IndexError: pop from empty list, zip internals)."""
+    for step, keep in ((10, 0), (20, 100), (30, 60_000)):
+        path = ckpt.checkpoint_path(tmp_path, step)
+        ckpt.atomic_save({"step": step, "w": torch.zeros(40_000)}, path)
+        path.write_bytes(path.read_bytes()[:keep])
+    with pytest.raises(ConfigError) as err:
+        ckpt.latest_valid(tmp_path)
+    said = str(err.value)
+    assert said.count("truncated: not a checkpoint") == 3 and "\n" not in said, said
+    assert "step-00000030.pt: truncated: not a checkpoint (60000 bytes" in said
+    assert "IndexError" not in said and "EOFError" not in said and "zip archive" not in said
+    assert capsys.readouterr().err.count("truncated: not a checkpoint") == 3
+
+
 def test_prune_keeps_the_newest(tmp_path):
     for step in (5, 10, 100, 20):
         ckpt.atomic_save({}, ckpt.checkpoint_path(tmp_path, step))
