@@ -506,9 +506,25 @@ def record_failure(run: Run | None, run_dir: Path, err: BaseException) -> None:
     to_log_file(f"error: {why}")
     step, steps = (run.progress.step, run.progress.total_steps) if run is not None else (0, None)
     try:
-        write_state(run_dir, "failed", step, steps, code, why)
+        if not (run is None and code == 2 and note_refusal(run_dir, why)):
+            write_state(run_dir, "failed", step, steps, code, why)
     except OSError:
         pass  # a full or read-only disk: the error that ends the run says so already
+
+
+def note_refusal(run_dir: Path, why: str) -> bool:
+    """A launch refused before it started (a config that drifted, a resume not allowed)
+    changed nothing: the run stays as its last start left it (finished, stopped or failed),
+    with the refused attempt beside it, not in its place. False: no such state to keep."""
+    try:
+        state = json.loads((run_dir / rundir.STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    if state.get("state") not in ("finished", "stopped", "failed"):
+        return False
+    state["refused"] = {"time": round(time.time(), 3), "exit_code": 2, "why": why}
+    ckpt.atomic_write_text(run_dir / rundir.STATE_NAME, json.dumps(state) + "\n")
+    return True
 
 
 def one_line_of(err: BaseException) -> str:

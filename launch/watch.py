@@ -344,6 +344,10 @@ def decide(
         status.notes.append("sbatch FILE submits it")
     if status.state == "failed" and state_file.get("why"):
         status.notes.append(f"exit {state_file.get('exit_code')}")
+    if isinstance(state_file.get("refused"), dict):  # a later launch, refused: it changed nothing
+        status.notes.append(
+            f"a later launch was refused, exit {state_file['refused'].get('exit_code')}"
+        )
     if status.state == "unknown" and status.job and slurm.problem:
         status.notes.append("SLURM not reachable")
 

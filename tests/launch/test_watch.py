@@ -220,3 +220,20 @@ def test_a_run_make_sbatch_prepared_is_listed_as_prepared_not_unknown(tmp_path):
     (run / "request" / "0123456789ab.yaml").write_text("recipe: digits\n")
     found = rows(launch("status", RUNS=f"{tmp_path}/digits/*").stdout)
     assert found[str(run)][:2] == ["prepared (sbatch FILE submits it)", "-"]
+
+
+def test_a_refused_resume_leaves_a_finished_run_finished_with_the_refusal_beside_it(root, tmp_path):
+    """Relaunching a finished run with a config that drifted is refused (exit 2) before it
+    starts: the run is still finished; the refused attempt is noted, not put in its place."""
+    import shutil
+
+    run = helpers.run_dir(tmp_path, "done")
+    shutil.copytree(helpers.run_dir(root, "done"), run)
+    refused = helpers.run_engine(
+        tmp_path, "done", "train.max_steps=8", "log.every_steps=2", "optim.lr=0.9", check=False
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    state = json.loads((run / rundir.STATE_NAME).read_text())
+    assert state["state"] == "finished" and state["refused"]["exit_code"] == 2, state
+    found = rows(launch("status", RUNS=str(run)).stdout)[str(run)]
+    assert found[:4] == ["finished (a later launch was refused, exit 2)", "-", found[2], "4/4"]
