@@ -183,14 +183,16 @@ def is_one_process(req: Request) -> bool:
 def engine_command(req: Request, python: str) -> list[str]:
     """The command one node runs: plain python, torchrun standalone, or multi-node torchrun.
 
-    torchrun is started as `python -m torch.distributed.run` (its console script is exactly
-    that), so the interpreter that runs is the one named here, venv or image. One process
-    with max_restarts runs under torchrun too: torchrun is what restarts it."""
+    torchrun is started as `python -m engine.torchrun`: torch.distributed.run's main (what
+    the torchrun console script runs), whose failed run ends in one line and the failed
+    worker's exit code instead of a traceback; the interpreter that runs is the one named
+    here, venv or image. One process with max_restarts runs under torchrun too: torchrun is
+    what restarts it."""
     module = ["-m", "engine.train", *engine_args(req)]
     n = req.procs_per_node
     if is_one_process(req):
         return [python, *module]
-    torchrun = [python, "-m", "torch.distributed.run"]
+    torchrun = [python, "-m", "engine.torchrun"]
     restarts = [f"--max-restarts={req.max_restarts}"] if req.max_restarts else []
     recorder = flight_recorder_items(req)
     if req.most_nodes == 1:

@@ -385,7 +385,7 @@ def test_docker_train_runs_as_the_caller_and_equals_the_venv_bitwise(build, chec
 
 def test_two_processes_under_torchrun_in_the_container_equal_the_venv(build, checkout, venv_runs):
     done = train(checkout, "image-2p", 2, image=build.image)
-    assert "torch.distributed.run" in done.stderr and "--nproc_per_node=2" in done.stderr
+    assert "engine.torchrun" in done.stderr and "--nproc_per_node=2" in done.stderr
     env = json.loads((checkout.runs / "digits" / "image-2p" / "env.json").read_text())
     assert env["world_size"] == 2
     same = same_weights(

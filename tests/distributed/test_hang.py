@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests import helpers
 from tests.helpers import run_dir, run_engine
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -60,3 +61,17 @@ def test_a_slow_run_that_makes_progress_never_trips_the_watchdog(tmp_path):
     )
     assert "hang" not in out.stderr
     assert not (run_dir(tmp_path, "slow") / "hang").exists()
+
+
+def test_a_hung_worker_under_make_train_ends_in_its_line_and_one_of_torchrun_s(tmp_path):
+    """PROCS=2: launch's torchrun. The hang's one line is followed by one line of torchrun's
+    naming the first rank that failed, with its exit code, not ChildFailedError's traceback."""
+    args = f"train.max_steps=20 fault.hang_at_step=3 fault.rank=1 dist.hang_s={HANG_S}"
+    done = helpers.launch("train", GPUS="0", PROCS="2", timeout=150,
+                          ARGS=f"{args} run.root={tmp_path} log.wandb=off")  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert re.fullmatch(r"torchrun: worker rank \d \(pid \d+\) exited with code 1 first; its "
+                        r"own lines above say why", lines[-1]), lines[-1]  # fmt: skip
+    assert any(line.startswith("error: hang: rank 1 stopped after step 3") for line in lines)

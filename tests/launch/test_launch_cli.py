@@ -173,7 +173,7 @@ def test_make_dry_run_cpu_processes(recipes):
     done = make_dry_run(recipes, "RECIPE=digits", "GPUS=0", "PROCS=2")
     assert done.returncode == 0, done.stderr
     argv = shlex.split(one_line(done.stdout))
-    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert argv[1:5] == ["-m", "engine.torchrun", "--standalone", "--nproc_per_node=2"]
     assert argv[5:8] == ["-m", "engine.train", "digits"]
     assert "device=cpu" in argv and any(RUN_NAME.fullmatch(a) for a in argv)
 
@@ -192,7 +192,7 @@ def test_make_dry_run_of_a_node_range_gives_torchrun_a_restart_budget(recipes):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     argv = shlex.split(one_line(done.stdout))
-    assert argv[argv.index("torch.distributed.run") + 1 :][:3] == [
+    assert argv[argv.index("engine.torchrun") + 1 :][:3] == [
         "--nnodes=2:4", "--nproc_per_node=1", "--max-restarts=3",
     ]  # fmt: skip
 

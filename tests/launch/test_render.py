@@ -50,7 +50,7 @@ def test_one_gpu_is_plain_python_on_the_default_device():
 def test_gpus_above_one_is_torchrun_standalone_one_process_per_gpu():
     argv = render.local(req(gpus=8, overrides=("optim.lr=0.2",)))
     assert argv == [
-        *FLIGHT_RECORDER, PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
+        *FLIGHT_RECORDER, PY, "-m", "engine.torchrun", "--standalone", "--nproc_per_node=8",
         "-m", "engine.train", "digits", "run.name=RUN", "optim.lr=0.2",
     ]  # fmt: skip
     assert "device=cpu" not in argv
@@ -58,14 +58,14 @@ def test_gpus_above_one_is_torchrun_standalone_one_process_per_gpu():
 
 def test_cpu_processes_are_torchrun_standalone_with_device_cpu():
     argv = render.local(req(gpus=0, procs=3))
-    assert argv[:5] == [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3"]
+    assert argv[:5] == [PY, "-m", "engine.torchrun", "--standalone", "--nproc_per_node=3"]
     assert argv[5:] == ["-m", "engine.train", "digits", "device=cpu", "run.name=RUN"]
 
 
 def test_multi_node_is_c10d_rendezvous_without_node_rank():
     argv = render.local(req(gpus=4, nodes=3, rdzv_endpoint="node1:29500"))
     assert argv == [
-        *FLIGHT_RECORDER, PY, "-m", "torch.distributed.run", "--nnodes=3", "--nproc_per_node=4",
+        *FLIGHT_RECORDER, PY, "-m", "engine.torchrun", "--nnodes=3", "--nproc_per_node=4",
         "--rdzv_backend=c10d", "--rdzv_endpoint=node1:29500", "--rdzv_id=RUN",
         "-m", "engine.train", "digits", "run.name=RUN",
     ]  # fmt: skip
@@ -82,7 +82,7 @@ def test_an_elastic_range_is_torchruns_min_max_with_a_store_per_round():
     assert elastic.world_sizes == [2, 4, 6]
     assert render.local(elastic) == [
         "env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-        PY, "-m", "torch.distributed.run", "--nnodes=1:3", "--nproc_per_node=2",
+        PY, "-m", "engine.torchrun", "--nnodes=1:3", "--nproc_per_node=2",
         "--max-restarts=3", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_id=RUN",
         "-m", "engine.train", "digits", "device=cpu", "run.name=RUN",
     ]  # fmt: skip
@@ -107,7 +107,7 @@ def test_max_restarts_is_torchruns_flag_on_every_torchrun_target():
         "apptainer": render.apptainer(req(gpus=2, max_restarts=3)),
     }
     for target, argv in plain.items():
-        i = argv.index("torch.distributed.run")
+        i = argv.index("engine.torchrun")
         assert argv[i + 1 : argv.index("engine.train")].count("--max-restarts=3") == 1, target
 
 
@@ -119,7 +119,7 @@ def test_max_restarts_zero_leaves_the_flag_out_and_one_process_plain():
 def test_one_process_with_restarts_runs_under_torchrun_which_restarts_it():
     argv = render.local(req(gpus=1, max_restarts=2))
     assert argv[:6] == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "--max-restarts=2"
+        PY, "-m", "engine.torchrun", "--standalone", "--nproc_per_node=1", "--max-restarts=2"
     ]  # fmt: skip
 
 
@@ -174,7 +174,7 @@ def test_docker_run_gpus_mounts_user_and_secrets_by_name(monkeypatch):
     assert inner[:5] == [
         "python",
         "-m",
-        "torch.distributed.run",
+        "engine.torchrun",
         "--standalone",
         "--nproc_per_node=2",
     ]
@@ -215,7 +215,7 @@ def test_docker_multi_node_gpus_exact_argv_as_nvidia_runs_pytorch():
         "--gpus=8", "--network=host", "--device=/dev/infiniband", "-u", "1000:1000",
         "-v", "/src:/workspace", "-v", "/src/data:/data",
         "-w", "/workspace", "-e", "RECIPES_DATA=/data", *env_flags(names),
-        "img:1", *FLIGHT_RECORDER, "python", "-m", "torch.distributed.run", "--nnodes=2",
+        "img:1", *FLIGHT_RECORDER, "python", "-m", "engine.torchrun", "--nnodes=2",
         "--nproc_per_node=8",
         "--rdzv_backend=c10d", "--rdzv_endpoint=n1:29500", "--rdzv_id=RUN",
         "-m", "engine.train", "digits", "run.name=RUN",
@@ -292,7 +292,7 @@ def test_pyxis_srun_one_task_per_gpu_in_the_container():
         assert flag in argv, flag
     i = argv.index("python")
     assert argv[i:] == ["python", "-m", "engine.train", "digits", "run.name=RUN"]
-    assert "torch.distributed.run" not in argv  # SLURM starts the ranks
+    assert "engine.torchrun" not in argv  # SLURM starts the ranks
 
 
 def test_pyxis_cpu_tasks_are_procs_without_gpus():

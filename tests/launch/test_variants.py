@@ -32,7 +32,7 @@ def test_imagenet_on_8_gpus_renders_the_8_process_torchrun():
     argv = shlex.split(one_line(done.stdout))
     assert argv[0] == "env" and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in argv  # the flight recorder
     argv = argv[argv.index("-m") - 1 :]  # from the interpreter on
-    assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    assert argv[1:5] == ["-m", "engine.torchrun", "--standalone", "--nproc_per_node=8"]
     assert argv[5:8] == ["-m", "engine.train", "imagenet"] and "--config" not in argv
 
 
