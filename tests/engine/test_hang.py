@@ -99,23 +99,24 @@ def test_a_rank_waits_while_another_progresses_alone_then_asks_all_and_names_its
     folder = tmp_path / "r1" / "hang"
     folder.mkdir(parents=True)
 
-    def rank1(dumped=False):
-        facts = {"rank": 1, "marks": 3, "what": "checkpoint", "step": 2, "time": time.time()}
+    def rank1(beat_at: float, dumped=False):
+        facts = {"rank": 1, "marks": 3, "what": "checkpoint", "step": 2, "time": beat_at}
         (folder / "heartbeat-rank1.json").write_text(json.dumps(facts | {"dumped": dumped}))
 
-    rank1()
+    # Rank 1's beat is dated an hour ahead while it "moves": recent to the watchdog however
+    # late this thread runs (a beat every 0.1 s against hang_s=1 s failed on a busy machine).
+    rank1(time.time() + 3600)
     dog = hang.Watchdog(folder, 1.0, rank=0, world=2, isolate=False)
     dog.start()
     hang.beat("step", 2)
     hang.beat("after step", 2)
     try:
-        for _ in range(25):  # 2.5 s: longer than hang_s, rank 1 moving all along
-            rank1()
-            time.sleep(0.1)
+        time.sleep(2.5)  # longer than hang_s, rank 1 moving all along
         assert dog.exit_code is None and not (folder / hang.REQUEST).exists()
-        assert wait_for(lambda: (folder / hang.REQUEST).exists(), 10)
-        rank1(dumped=True)  # rank 1 answers with its stack
-        assert wait_for(lambda: dog.exit_code is not None, 10)
+        rank1(time.time() - 3600)  # then nothing moves anywhere
+        assert wait_for(lambda: (folder / hang.REQUEST).exists(), 60)
+        rank1(time.time(), dumped=True)  # rank 1 answers with its stack
+        assert wait_for(lambda: dog.exit_code is not None, 60)
     finally:
         dog.stop()
     assert dog.line.startswith(
