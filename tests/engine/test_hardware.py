@@ -47,3 +47,22 @@ def test_the_deterministic_flags_in_force_are_recorded():
 def test_env_json_names_the_hardware():
     env = tracking.environment(1, ["host"], torch.device("cpu"), {"commit": None})
     assert env["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+# What the module docstring of launch.hardware promises to compare: a change in any one of
+# them means other bits (the CPU model and instruction set, BLAS, GPU, driver, CUDA, cuDNN,
+# NCCL, torch), each named here apart from BITS, so that dropping one from BITS fails.
+CHANGE_BITS = {
+    "cpu_model": "Intel Xeon", "cpu_capability": "AVX2", "blas": "open", "gpu_models": ["H100"],
+    "driver": "550.1", "cuda": "12.4", "cudnn": 90100, "nccl": "2.21.5", "torch": "2.13.0",
+}  # fmt: skip
+
+
+def test_runs_differing_in_any_one_fact_that_changes_bits_are_told_apart():
+    here = hardware.facts(torch.device("cpu"))
+    for key, other in CHANGE_BITS.items():
+        assert key in here, key  # the engine writes it
+        assert compare_hardware.differences(here, here | {key: other}) == [key], key
+        note = compare_hardware.note([here, here | {key: other}])
+        assert note and key in note, key
+    assert compare_hardware.differences(here, here | {"cpu_count": 999}) == []  # no bit changes

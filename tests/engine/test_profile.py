@@ -11,8 +11,9 @@ import torch
 from engine import train as engine_train
 from engine.config import ConfigError
 from engine.faults import RunError
+from engine.meter import clocked
 from engine.profile import Window, parse_ranks, parse_steps
-from tests.helpers import run_dir
+from tests.helpers import final_weights, records, run_dir, same_weights
 
 
 @pytest.mark.parametrize(
@@ -56,3 +57,20 @@ def test_out_of_memory_is_one_line_naming_the_step_and_the_fix(tmp_path, train_h
     line = str(err.value)
     assert "\n" not in line and "out of memory on cpu at step 1" in line
     assert "train.micro_batch_size" in line and "prof.memory=true" in line
+
+
+def test_a_profiled_run_trains_exactly_like_an_unprofiled_one_with_dropout(tmp_path, train_here):
+    """Dropout draws from the generator at every step: a profiling window that drew a single
+    number more (or fewer) would change every loss after it, and the weights."""
+    same = ["train.max_steps=8", "log.every_steps=1", "model.dropout=0.2"]
+    train_here(tmp_path, "plain", *same)
+    train_here(tmp_path, "profiled", *same, "prof.steps=3:5")
+    assert (run_dir(tmp_path, "profiled") / "profile").is_dir()
+
+    def losses(name: str) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if not clocked(k)} for r in records(tmp_path, name, "train")
+        ]
+
+    assert losses("plain") == losses("profiled") and len(losses("plain")) == 8
+    assert same_weights(final_weights(tmp_path, "plain"), final_weights(tmp_path, "profiled"))

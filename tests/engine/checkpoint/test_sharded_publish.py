@@ -175,3 +175,28 @@ if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     mp.spawn(_rank_main, args=(Path(sys.argv[1]), int(sys.argv[2])), nprocs=2)
+
+
+def test_a_background_write_that_failed_is_not_published_on_close(tmp_path):
+    """close() after an error waits for the write and publishes only a complete one: a write
+    that failed, its partial directory holding meta.pt all the same, never becomes step-N/."""
+    from concurrent.futures import Future
+
+    from engine.checkpoint import sharded
+    from engine.checkpoint.files import partial_path
+
+    def closed(error: Exception | None) -> sharded.BackgroundWriter:
+        path = tmp_path / f"step-0000000{1 if error else 2}"
+        (partial_path(path) / sharded.META).parent.mkdir(parents=True)
+        (partial_path(path) / sharded.META).write_bytes(b"meta")
+        future: Future = Future()
+        future.set_exception(error) if error else future.set_result(None)
+        writer = sharded.BackgroundWriter(timeout_s=60)
+        writer.writing = sharded.Writing(path, future, 0.0)
+        writer.close()
+        return path
+
+    failed = closed(OSError(errno.ENOSPC, "No space left on device"))
+    assert not failed.exists() and partial_path(failed).is_dir()  # the next start clears it
+    written = closed(None)
+    assert written.is_dir() and not partial_path(written).exists()
