@@ -166,3 +166,40 @@ def test_every_target_runs_and_asks_for_the_resolved_config(
     assert cfg.slurm.partition == (partition or ("saved" if from_file else recipe.partition))
     time_min = 30 if "slurm.time_min=30" in args else 45 if "TIME_MIN" in env else None
     assert cfg.slurm.time_min == (time_min or (20 if from_file else recipe.time_min))
+
+
+LAYERS = ("file", "variable", "args")  # over the recipe's config.yaml, each over the one before
+
+
+def layer_value(key: str, layer: str) -> str:
+    """A value of `key` that tells the layer it came from."""
+    if key in request.SLURM_INTS:
+        return str({"file": 7, "variable": 8, "args": 9}[layer])
+    return f"{layer}-{key.replace('_', '-')}"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    key=st.sampled_from(sorted(request.SLURM_FLAGS)),
+    layers=st.sets(st.sampled_from(LAYERS)),
+    target=st.sampled_from(["sbatch", "submit"]),
+)
+def test_each_slurm_key_takes_the_highest_layer_that_sets_it(tmp_path_factory, key, layers, target):
+    """Every key, every combination of the layers that set it: ARGS > the request variable >
+    the config file > the recipe. The job's config (what the engine resolves from the
+    rendered command) agrees with what the scheduler is asked for."""
+    env = {"GPUS": "0", "ALLOW_CPU": "1"}
+    if "file" in layers:
+        path = tmp_path_factory.getbasetemp() / f"layer-{key}.yaml"
+        path.write_text(f"recipe: digits\nslurm:\n  {key}: {layer_value(key, 'file')}\n")
+        env["CONFIG"] = str(path)
+    if "variable" in layers:
+        env[request.SLURM_FLAGS[key][1]] = layer_value(key, "variable")
+    if "args" in layers:
+        env["ARGS"] = f"slurm.{key}={layer_value(key, 'args')}"
+    req = request.resolve(cli.parse_args([target]), env, target=target)
+    highest = next((layer for layer in reversed(LAYERS) if layer in layers), None)
+    recipe = getattr(load_config("digits", [])[0].slurm, key)
+    expected = layer_value(key, highest) if highest else str(recipe)
+    assert str(getattr(req.slurm, key)) == expected, (key, layers)
+    assert str(getattr(engine_config(engine_argv(req, target)).slurm, key)) == expected
