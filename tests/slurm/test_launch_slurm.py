@@ -244,13 +244,14 @@ def test_a_grid_sweep_is_one_job_array_with_its_concurrency_limit(slurm_cluster,
     assert "4 of 4 members finished or queued; 0 to run" in again.stderr
 
 
-def refused(**env: str) -> str:
+def refused(root: Path, **env: str) -> str:
     """`python -m launch submit` that SLURM refuses: its one line; nothing queued or kept."""
     name = f"refused-{os.getpid()}"
-    done = launch("submit", ARGS=f"run.name={name} train.max_steps=2", timeout=120, **env)
+    args = f"run.name={name} run.root={root} train.max_steps=2"
+    done = launch("submit", ARGS=args, timeout=120, **env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stdout == "", done.stderr
-    assert not (ROOT / "runs" / "digits" / name).exists()
+    assert not (root / "digits" / name).exists()
     assert jobs_named(name) == ""  # submitit names the job after the run
     return done.stderr
 
@@ -269,13 +270,13 @@ def test_an_unreachable_controller_is_one_line_and_leaves_nothing(slurm_cluster,
     wrong_port = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1", conf)
     assert wrong_port != conf
     (tmp_path / "slurm.conf").write_text(wrong_port)
-    line = refused(SLURM_CONF=str(tmp_path / "slurm.conf"))
+    line = refused(tmp_path / "runs", SLURM_CONF=str(tmp_path / "slurm.conf"))
     assert "Unable to contact slurm controller" in line
     assert "is slurmctld running and reachable from here?" in line
 
 
-def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster):
-    line = refused(PARTITION="no-such-partition")
+def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster, tmp_path):
+    line = refused(tmp_path / "runs", PARTITION="no-such-partition")
     assert line.startswith("launch: SLURM refused the job: ")
     assert "Invalid partition name specified; check PARTITION" in line
 
@@ -290,14 +291,17 @@ def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster):
     ],
     ids=["nodes", "cpus", "memory", "node range"],
 )  # fmt: skip
-def test_a_request_larger_than_the_partition_is_refused_with_its_limits(slurm_cluster, env, said):
+def test_a_request_larger_than_the_partition_is_refused_with_its_limits(
+    slurm_cluster, tmp_path, env, said
+):
     """It would wait in the queue for ever (or be refused as if slurmctld were down)."""
     name = f"big-{os.getpid()}"
-    done = launch("submit", ARGS=f"run.name={name} train.max_steps=2", timeout=60, **env)
+    args = f"run.name={name} run.root={tmp_path} train.max_steps=2"
+    done = launch("submit", ARGS=args, timeout=60, **env)
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     (line,) = done.stderr.splitlines()
     assert said in line and line.endswith("nothing was queued"), line
-    assert not (ROOT / "runs" / "digits" / name).exists() and jobs_named(name) == ""
+    assert not (tmp_path / "digits" / name).exists() and jobs_named(name) == ""
 
 
 def test_a_failing_setup_line_fails_the_job_and_make_status_names_it(slurm_cluster, tmp_path):
