@@ -299,10 +299,15 @@ class Undo:
         self.run_dir = run_dir
         self.existed = run_dir.exists()
         self.before = set(run_dir.rglob("*")) if self.existed else set()
+        # the folders above it that the submission makes (runs/, runs/<recipe>/), innermost first
+        self.made_above = [p for p in run_dir.absolute().parents if not p.exists()]
 
     def __call__(self) -> None:
         if not self.existed:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            for folder in self.made_above:
+                with contextlib.suppress(OSError):  # not empty (another run): kept
+                    folder.rmdir()
             return
         for path in sorted(set(self.run_dir.rglob("*")) - self.before, reverse=True):
             if path.is_dir() and not path.is_symlink():

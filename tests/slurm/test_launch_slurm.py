@@ -251,7 +251,7 @@ def refused(root: Path, **env: str) -> str:
     done = launch("submit", ARGS=args, timeout=120, **env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stdout == "", done.stderr
-    assert not (root / "digits" / name).exists()
+    assert not root.exists()  # nor the folders made for it
     assert jobs_named(name) == ""  # submitit names the job after the run
     return done.stderr
 
