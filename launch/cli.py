@@ -67,7 +67,7 @@ RENDER_TARGETS = (*RUN_TARGETS, "sbatch", "image", "sif")
 # The engine checks their config first, dry runs and printed batch scripts included, for
 # every world size the run may take; only one local process that really starts skips it: it
 # makes the same checks itself first (one line, nothing written). `render` alone is the pure
-# renderer, unchecked.
+# renderer, unchecked: it writes nothing (no snapshot of the code, no frozen config).
 CHECKED_TARGETS = (*RUN_TARGETS, "sbatch")
 
 
@@ -212,7 +212,7 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -
     out = rendered(req, target)
     dry = request.is_dry(args, env)
     starts_alone = target == "local" and render.is_one_process(req) and not dry
-    queued = bool(req.code) and args.command != "render"  # sbatch, pyxis: code and config frozen
+    queued = bool(req.code)  # sbatch, pyxis: the code and config are frozen
     config = ""
     if target in CHECKED_TARGETS and args.command != "render" and not starts_alone:
         # A dry run or a batch script may be meant for another machine: its data too.
@@ -245,7 +245,9 @@ def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -
     req = request.resolve(args, env, target=target)
     if args.command == "eval":
         req = dataclasses.replace(req, engine_flags=eval_flags(env))
-    queued = target in ("sbatch", "pyxis")  # may wait for SLURM: runs a snapshot of the code
+    # May wait for SLURM: runs a snapshot of the code and a frozen config (`render` alone,
+    # the pure renderer, shows the command from the checkout and writes nothing).
+    queued = target in ("sbatch", "pyxis") and args.command != "render"
     return snapshot.attach(req) if queued else req
 
 

@@ -344,9 +344,12 @@ def with_records(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
 
 
 def has_records(path: Path) -> bool:
+    """A finished run (summary.json), or one that recorded a step or an evaluation."""
     metrics = path / runs.MARKER
     if not metrics.is_file():
         return False
+    if (path / "summary.json").is_file():
+        return True
     found = runs.read_metrics(metrics)
     return bool(found.train or found.eval)
 

@@ -197,7 +197,14 @@ def test_hostile_request_values_stay_inert_in_the_submitted_script(tmp_path, cap
         (directive,) = [x for x in script.splitlines() if x.startswith(f"#SBATCH --{key}=")]
         assert shlex.split(directive) == ["#SBATCH", f"--{key}={HOSTILE_ENV[name]}"]
     (task,) = [x for x in script.splitlines() if x.startswith("#   every task: ")]
-    assert f"log.project={PAYLOAD}" in shlex.split(task.removeprefix("#   every task: "))
+    argv = shlex.split(task.removeprefix("#   every task: "))  # the frozen config, whole
+    assert (
+        argv[argv.index("--config") + 1]
+        == f"/runs/{PAYLOAD}/digits/shared/request/"
+        + (argv[argv.index("--config") + 1].rpartition("/")[2])
+    )
+    (asked,) = [x for x in script.splitlines() if ": resolved from " in x]
+    assert f"log.project={PAYLOAD}" in shlex.split(asked.partition(": resolved from ")[2])
 
 
 def test_hostile_values_stay_inert_in_the_local_command(tmp_path):

@@ -178,7 +178,7 @@ def test_rendered_sbatch_script_passes_sbatch_test_only(
 
 def test_rendered_sbatch_script_requeues_on_75_and_resumes(slurm_cluster, tmp_path):
     args = f"{PREEMPTIBLE} run.name=hand run.root={tmp_path}/runs"
-    done = launch("render", "--target", "sbatch", ARGS=args)
+    done = launch("sbatch", ARGS=args)  # make sbatch: the code and the config frozen
     assert done.returncode == 0, done.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(done.stdout)
