@@ -28,7 +28,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-lock
 
-.PHONY: help train eval recipes config shards test test-fast test-container submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
+.PHONY: help train eval recipes config shards test test-fast test-container mutants submit sbatch docker-train image sif sweep compare reproduce report publish export bench lint dry-run venv lock clean status logs cancel
 
 # Every target and request variable in one screen (needs no venv); README.md says more.
 help:
@@ -39,7 +39,7 @@ help:
 	"            recipes | shards | export CKPT=... OUT=... | docker-train | image | sif" \
 	"SLURM:      submit | sbatch (> job.sh) | status | logs RUN=... | cancel RUN=..." \
 	"Sweeps:     sweep | compare RUNS=... | report RUNS=... | publish RUNS=... TO=... | reproduce" \
-	"Project:    test | test-fast | test-container | bench | lint | venv | lock | clean" \
+	"Project:    test | test-fast | test-container | mutants | bench | lint | venv | lock | clean" \
 	"            gpu-wheels | image-digest | help" \
 	"" \
 	"The request: RECIPE [digits]  CONFIG (variant or file)  GPUS [this machine's]  NODES [1]" \
@@ -177,6 +177,11 @@ test-fast: $(STAMP)
 # BuildKit and CONTAINER_BASE_IMAGE (docker/debootstrap-base.sh makes one); .ci/run runs them.
 test-container: $(STAMP)
 	$(PY) -m pytest -m container -s tests/container
+
+# Planted bugs, one at a time, each against the tests that hold its guarantee, in a copy of
+# the checkout (tests/mutants.py; minutes, see tests/README.md): make mutants [PLANTS="resume"]
+mutants: $(STAMP)
+	$(PY) tests/mutants.py $(PLANTS)
 
 bench: $(STAMP)
 	$(PY) -m bench

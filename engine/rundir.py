@@ -243,12 +243,19 @@ def cannot_create(run_dir: Path, err: OSError) -> ConfigError:
     )
 
 
+# What a submission put in the run directory for the job running now (launch.snapshot's code
+# and frozen request, submitit's logs, the job's record): its processes import from it and a
+# requeue reads it, so run.overwrite leaves it where it is.
+SUBMISSION_ENTRIES = ("code", "request", "slurm", "submitted.json")
+
+
 def move_aside(run_dir: Path) -> Path:
-    """run.overwrite: the earlier run's files go to a sibling folder, nothing is deleted."""
+    """run.overwrite: the earlier run's files go to a sibling folder, nothing is deleted (the
+    lock and the submission's own files stay)."""
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     aside.mkdir()
     for entry in run_dir.iterdir():
-        if entry.name != LOCK_NAME:
+        if entry.name != LOCK_NAME and entry.name not in SUBMISSION_ENTRIES:
             entry.rename(aside / entry.name)
     return aside
 

@@ -89,3 +89,32 @@ def test_a_weights_path_too_long_for_the_file_system_belongs_to_no_run(tmp_path)
     """`make eval CKPT=<a name longer than NAME_MAX>` said a traceback (ENAMETOOLONG from
     the config lookup) where it must go on to the missing checkpoint's one line."""
     assert rundir.run_config_of(tmp_path / ("x" * 5000)) is None
+
+
+def test_overwrite_moves_the_earlier_run_aside_but_not_the_submission_running_now(tmp_path):
+    """run.overwrite in a SLURM job: the job imports its code snapshot and a requeue reads its
+    frozen request, both in the run directory; the earlier run's results go aside."""
+    run = tmp_path / "digits" / "r"
+    for name in ("metrics.jsonl", "config.yaml", "checkpoints/step-00000004.pt",
+                 "code/abc/engine/x.py", "request/0123.yaml", "slurm/7_0_log.err",
+                 "submitted.json", rundir.LOCK_NAME):  # fmt: skip
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(name)
+    aside = rundir.move_aside(run)
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        [*rundir.SUBMISSION_ENTRIES, rundir.LOCK_NAME]
+    )
+    assert sorted(p.name for p in aside.iterdir()) == [
+        "checkpoints",
+        "config.yaml",
+        "metrics.jsonl",
+    ]
+
+
+def test_an_array_task_names_its_job_as_scancel_addresses_it_alone():
+    """A sweep's member: SLURM_JOB_ID alone may be the array's id, which names every task."""
+    task = {"SLURM_JOB_ID": "23", "SLURM_ARRAY_JOB_ID": "23", "SLURM_ARRAY_TASK_ID": "0"}
+    assert rundir.slurm_job(task) == "23_0"
+    assert rundir.slurm_job({"SLURM_JOB_ID": "24"}) == "24" and rundir.slurm_job({}) is None
+    assert rundir.slurm_restarts({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert rundir.slurm_restarts({}) == 0
