@@ -59,6 +59,7 @@ def test_out_of_memory_is_one_line_naming_the_step_and_the_fix(tmp_path, train_h
     assert "train.micro_batch_size" in line and "prof.memory=true" in line
 
 
+@pytest.mark.slow
 def test_a_profiled_run_trains_exactly_like_an_unprofiled_one_with_dropout(tmp_path, train_here):
     """Dropout draws from the generator at every step: a profiling window that drew a single
     number more (or fewer) would change every loss after it, and the weights."""

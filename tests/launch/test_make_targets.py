@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import REPO, launch_env
@@ -47,6 +48,7 @@ def fake_python(tmp_path: Path) -> Path:
     return script
 
 
+@pytest.mark.slow  # the engine resolves and checks the config: seconds
 def test_the_first_make_config_and_make_sbatch_print_the_artefact_alone(tmp_path):
     python = fake_python(tmp_path)
     fresh = {"VENV": str(tmp_path / "venv"), "PYTHON": str(python)}  # a fresh clone's venv

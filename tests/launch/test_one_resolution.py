@@ -178,6 +178,7 @@ def layer_value(key: str, layer: str) -> str:
     return f"{layer}-{key.replace('_', '-')}"
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(
     key=st.sampled_from(sorted(request.SLURM_FLAGS)),

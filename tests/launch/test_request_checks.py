@@ -75,6 +75,7 @@ def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config(tmp_path
     assert not Path(frozen).stat().st_mode & 0o222
 
 
+@pytest.mark.slow
 def test_a_config_saved_where_gpus_were_asked_records_them_and_reruns_as_that_request(tmp_path):
     """make config GPUS=8 (on a GPU node or not) saves device=cuda and 8 GPUs per node, so
     submitting the file asks SLURM for them again."""
@@ -91,6 +92,7 @@ def test_a_config_saved_where_gpus_were_asked_records_them_and_reruns_as_that_re
     assert "#SBATCH --gpus-per-node=8" in render.sbatch_script(req)
 
 
+@pytest.mark.slow
 def test_a_task_that_sees_no_gpu_stops_in_one_line_instead_of_training_on_the_cpu(tmp_path):
     """What a GPU job's task runs (device=cuda pinned) on a node that shows no CUDA device."""
     done = subprocess.run(

@@ -222,6 +222,7 @@ def test_a_run_make_sbatch_prepared_is_listed_as_prepared_not_unknown(tmp_path):
     assert found[str(run)][:2] == ["prepared (sbatch FILE submits it)", "-"]
 
 
+@pytest.mark.slow
 def test_a_refused_resume_leaves_a_finished_run_finished_with_the_refusal_beside_it(root, tmp_path):
     """Relaunching a finished run with a config that drifted is refused (exit 2) before it
     starts: the run is still finished; the refused attempt is noted, not put in its place."""
