@@ -49,7 +49,7 @@ COMMAND_VARS = (
     "QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE ARGS"
 ).split()
 WAIT_POLL_S = 5.0  # squeue asked this often while a submitted array is waited for
-RESULT_GRACE_S = 10.0  # a task's result file awaited this long once it left the queue
+RESULT_GRACE_S = 10.0  # the tasks' result files awaited this long once they left the queue
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")  # fmt: skip
 
@@ -407,8 +407,9 @@ def run_slurm(
     if not wait:
         return
     wait_for_array(plan, reqs, jobs)
+    deadline = time.monotonic() + RESULT_GRACE_S  # a slow shared filesystem shows them late
     for r, job in zip(reqs, jobs, strict=True):
-        record["attempts"][r.run_name] |= task_outcome(plan, r.run_name, job)
+        record["attempts"][r.run_name] |= task_outcome(plan, r.run_name, job, deadline)
     write_manifest(plan.folder, record)
 
 
@@ -432,12 +433,12 @@ def wait_for_array(plan: Plan, reqs: list[Request], jobs: list[Any]) -> None:
             time.sleep(WAIT_POLL_S)
 
 
-def task_outcome(plan: Plan, name: str, job: Any) -> dict[str, Any]:
-    """How an array task that left the queue ended: its result file says finished or failed
-    (with the error); none means the member stopped before its end (make cancel, a
-    preemption not requeued), said in one line: rerunning the sweep resumes it."""
+def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, Any]:
+    """How an array task that left the queue ended: its result file (awaited until
+    `deadline`) says finished or failed (with the error); none means the member stopped
+    before its end (make cancel, a preemption not requeued), said in one line: rerunning the
+    sweep resumes it."""
     result = job.paths.result_pickle
-    deadline = time.monotonic() + RESULT_GRACE_S  # a slow shared filesystem shows it late
     while not result.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     if not result.exists():
