@@ -269,6 +269,8 @@ def test_an_unreachable_controller_is_one_line_and_leaves_nothing(slurm_cluster,
     conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text()
     wrong_port = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=1", conf)
     assert wrong_port != conf
+    # sbatch gives up on the controller at once, not after its retries (9 s each, ~30 s)
+    wrong_port = "MessageTimeout=1\n" + re.sub(r"(?m)^MessageTimeout=.*\n", "", wrong_port)
     (tmp_path / "slurm.conf").write_text(wrong_port)
     line = refused(tmp_path / "runs", SLURM_CONF=str(tmp_path / "slurm.conf"))
     assert "Unable to contact slurm controller" in line
