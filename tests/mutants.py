@@ -8,8 +8,9 @@ dropped term, a swapped order) and the tests named for its guarantee. The checko
 copied to a temporary folder (launch.snapshot's list of files: uncommitted changes included)
 and each plant is applied there alone, never in the checkout; its tests run there with the
 venv's pytest. A plant is caught when those tests fail, missed when they pass, and stale when
-its text is no longer found exactly once (the code moved: update the plant). Exit 0 when every
-plant is caught.
+its text is no longer found exactly once (the code moved: update the plant). The plants'
+tests are run once without any plant first: they must pass. Exit 0 when every plant is
+caught.
 """
 
 from __future__ import annotations
@@ -189,6 +190,14 @@ def copy_checkout(dest: Path) -> None:
     (dest / ".venv").symlink_to(REPO / ".venv")
 
 
+def pytest(copy: Path, tests: list[str] | tuple[str, ...]) -> int:
+    """pytest's exit code for these tests in the copy (CI unset: a skip is not a failure)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=copy, env={**os.environ, "CI": ""}, capture_output=True, text=True, timeout=1800,
+    ).returncode  # fmt: skip
+
+
 def judge(plant: Plant, copy: Path) -> tuple[str, float]:
     """(caught | missed | stale | error, seconds) of one plant, applied and taken back."""
     path = copy / plant.file
@@ -198,14 +207,10 @@ def judge(plant: Plant, copy: Path) -> tuple[str, float]:
     path.write_text(original.replace(plant.old, plant.new))
     started = time.monotonic()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *plant.tests],
-            cwd=copy, env={**os.environ, "CI": ""}, capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
+        code = pytest(copy, plant.tests)
     finally:
         path.write_text(original)
-    seconds = time.monotonic() - started
-    return {0: "missed", 1: "caught"}.get(done.returncode, "error"), seconds
+    return {0: "missed", 1: "caught"}.get(code, "error"), time.monotonic() - started
 
 
 def main(words: list[str]) -> int:
@@ -217,6 +222,10 @@ def main(words: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         copy = Path(tmp) / "checkout"
         copy_checkout(copy)
+        # Without any plant every test named here passes: a failure below is the plant's.
+        if pytest(copy, sorted({t for p in chosen for t in p.tests})) != 0:
+            print("the plants' tests fail without any plant: fix them first", file=sys.stderr)
+            return 2
         for plant in chosen:
             verdict, seconds = judge(plant, copy)
             results.append(verdict)
