@@ -5,8 +5,8 @@
 
 Each plant is a small, realistic change that leaves the program running (a skipped restore, a
 dropped term, a swapped order) and the tests named for its guarantee. The checkout's code is
-copied to a temporary folder (launch.snapshot's list of files: uncommitted changes included)
-and each plant is applied there alone, never in the checkout; its tests run there with the
+copied to a temporary git repository (launch.snapshot's list of files, uncommitted changes
+included, in one commit) and each plant is applied there alone, never in the checkout; its tests run there with the
 venv's pytest. A plant is caught when those tests fail, missed when they pass, and stale when
 its text is no longer found exactly once (the code moved: update the plant). The plants'
 tests are run once without any plant first: they must pass. Exit 0 when every plant is
@@ -16,7 +16,6 @@ caught.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,14 +128,11 @@ PLANTS = (
         ),
     ),
     Plant(
-        "no duplicate steps: a resumed run's repeated records replace the old ones",
-        "launch/runs.py",
-        '        latest.pop((record["kind"], record["step"]), None)  # keep file order for the rest\n',
-        "",
-        (
-            "tests/faults/test_faults.py::test_a_torn_metrics_line_is_dropped_on_resume",
-            "tests/launch/test_report.py",
-        ),
+        "no duplicate steps: a resumed run drops the records after its checkpoint",
+        "engine/tracking.py",
+        "self._truncate_after(self.metrics_path, resume_step)",
+        "self._truncate_after(self.metrics_path, 10**9)",
+        ("tests/faults/test_faults.py::test_a_torn_metrics_line_is_dropped_on_resume",),
     ),
     Plant(
         "a submission's config is frozen: the job reads the frozen file",
@@ -181,12 +177,11 @@ PLANTS = (
 
 
 def copy_checkout(dest: Path) -> None:
-    """The checkout's code as launch.snapshot lists it, and its venv, in dest."""
-    from launch import snapshot
+    """The checkout's code as launch.snapshot lists it, committed in a git repository of its
+    own (runs record their commit), and its venv, in dest."""
+    from tests.helpers import git_checkout
 
-    for name in snapshot.files(REPO):
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, dest / name, follow_symlinks=False)
+    git_checkout(dest)
     (dest / ".venv").symlink_to(REPO / ".venv")
 
 
