@@ -84,13 +84,16 @@ def test_engine_job_carries_the_run_name_so_a_requeue_keeps_the_run():
 
 @pytest.fixture
 def fake_slurm_bin(tmp_path, monkeypatch):
-    """srun/sbatch/scontrol stand-ins; each appends its argv to calls.txt."""
+    """srun/sbatch/scontrol/sinfo stand-ins; each appends its argv to calls.txt. sinfo lists
+    two large nodes (the real one, with no controller to ask, retries for seconds)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / "calls.txt"
+    nodes = "".join(f"n{i} {p} 64 1048576\\n" for p in ("debug*", "gpu") for i in (1, 2))
     for name, body in {
         "srun": "",
         "scontrol": "",
+        "sinfo": f"printf '{nodes}'",
         "sbatch": 'cp "$1" "$(dirname "$FAKE_CALLS")/script.sh"; echo "Submitted batch job 4242"',
     }.items():
         path = bindir / name
