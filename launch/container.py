@@ -46,7 +46,7 @@ def docker_settings(env: Mapping[str, str], target: str) -> Docker:
         network=network,
         base_image=base_image(env),
         ca_bundle=ca_bundle(env),
-        pip_settings=tuple(name for name in PIP_SETTINGS if env.get(name)),
+        pip_settings=tuple(name for name in PIP_SETTINGS if env.get(name, "").strip()),
     )
 
 
@@ -79,7 +79,7 @@ def build_note(docker: Docker, env: Mapping[str, str]) -> tuple[str, ...]:
     settings += [f"{name}={mask_credentials(env[name])}" for name in docker.pip_settings]
     if not settings:
         return ()
-    return (f"image: {', '.join(settings)}: passed to the build as BuildKit secrets",)
+    return (f"launch: note: image: {', '.join(settings)}: passed to the build as BuildKit secrets",)
 
 
 def mask_credentials(text: str) -> str:

@@ -87,3 +87,12 @@ def test_make_image_without_the_docker_client_is_one_line(capsys):
     env = {"IMAGE": "recipes:x", "DOCKER": "no-such-docker-client"}
     assert cli.main(["image"], env) == 2
     assert "no-such-docker-client is not on PATH" in capsys.readouterr().err
+
+
+def test_a_blank_pip_setting_is_unset_and_the_build_note_is_a_note_line():
+    """PIP_EXTRA_INDEX_URL=' ' gives the build no secret (and no note of an empty value); a
+    set one is said on a `launch: note:` line, as the fuzz of request variables expects."""
+    assert docker_settings({"PIP_EXTRA_INDEX_URL": " "}, "image").pip_settings == ()
+    env = {"PIP_INDEX_URL": "https://mirror/simple"}
+    (note,) = build_note(docker_settings(env, "image"), env)
+    assert note.startswith("launch: note: image: PIP_INDEX_URL=https://mirror/simple")
