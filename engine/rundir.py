@@ -246,7 +246,9 @@ def cannot_create(run_dir: Path, err: OSError) -> ConfigError:
 # What a submission put in the run directory for the job running now (launch.snapshot's code
 # and frozen request, submitit's logs, the job's record): its processes import from it and a
 # requeue reads it, so run.overwrite leaves it where it is.
-SUBMISSION_ENTRIES = ("code", "request", "slurm", "submitted.json")
+CODE_FOLDER, REQUEST_FOLDER, SLURM_FOLDER = "code", "request", "slurm"
+SUBMITTED_NAME = "submitted.json"
+SUBMISSION_ENTRIES = (CODE_FOLDER, REQUEST_FOLDER, SLURM_FOLDER, SUBMITTED_NAME)
 
 
 def move_aside(run_dir: Path) -> Path:

@@ -30,13 +30,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from engine import codeid
-from launch import watch
+from engine import codeid, rundir
 from launch.errors import UserError
 from launch.render import Request
 
-FOLDER = "code"
-REQUEST_FOLDER = watch.FROZEN_REQUEST  # under the run directory: its submissions' configs
+FOLDER = rundir.CODE_FOLDER  # under the run directory (engine.rundir names what is there)
+REQUEST_FOLDER = rundir.REQUEST_FOLDER  # its submissions' frozen configs
 # Without git (a copy of the checkout): the code's own folders and files.
 CODE_PATHS = ("engine", "launch", "recipes", "bench", "pyproject.toml", "requirements.lock")
 SKIPPED = ("__pycache__", ".pyc")

@@ -55,8 +55,8 @@ JOB_FILE = re.compile(r"^(\d+)_")  # submitit's <job id>_submitted.pkl, <job id>
 JOB_ID = re.compile(r"\d+(_\d+)?")  # a job, or an array's task: <array>_<task>
 # Written into the run directory at submission: the job (an array task as <array>_<task>) and
 # its log files, so a member still queued is listed, watched and cancelled alone.
-SUBMITTED = "submitted.json"
-FROZEN_REQUEST = "request"  # launch.snapshot's folder of a run's frozen configs
+SUBMITTED = rundir.SUBMITTED_NAME
+FROZEN_REQUEST = rundir.REQUEST_FOLDER  # launch.snapshot's folder of a run's frozen configs
 LAST_LINE_WIDTH = 100
 TAIL_LINES = 20
 POLL_S = 0.5
