@@ -108,10 +108,15 @@ def test_a_harmful_learning_rate_is_significant_and_a_setting_that_changes_nothi
     report = json.loads((root / "digits" / "pl-sweep" / "report.json").read_text())
     by_name = {c["name"]: c for c in report["cells"]}
     assert report["baseline"] == CELLS[0] and report["ranking"][-2:] != CELLS[:2]
-    same = by_name["lr0.1-every_steps10"]["vs_baseline"]
-    assert same["difference"] == 0 and same["p"] == 1.0
-    assert same["verdict"].startswith("no significant difference")
     top1 = {m: s["top1"] for m, s in summaries(root).items()}
+    # Seed by seed the same values: no difference whether the seeds spread (Welch's p is 1) or,
+    # on some CPUs, happen to agree (no spread on either side: the test is undefined).
+    assert [top1[f"pl-{CELLS[1]}-seed{s}"] for s in range(2)] == [
+        top1[f"pl-{CELLS[0]}-seed{s}"] for s in range(2)
+    ]
+    same = by_name["lr0.1-every_steps10"]["vs_baseline"]
+    assert same["difference"] == 0 and same["p"] in (1.0, None)
+    assert same["verdict"].startswith(("no significant difference", "the same"))
     base = [top1[f"pl-{CELLS[0]}-seed{s}"] for s in range(2)]
     for cell in CELLS[2:]:
         bad = [top1[f"pl-{cell}-seed{s}"] for s in range(2)]
