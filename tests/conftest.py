@@ -6,6 +6,7 @@ also run on the CPU in its own reduced form: GPU_TESTS_ON_CPU=1 keeps it (to che
 itself before its one run on a GPU)."""
 
 import os
+import shutil
 import signal
 import threading
 import warnings
@@ -32,6 +33,29 @@ def signal_handlers_put_back(request):
             warnings.warn(
                 f"{request.node.nodeid} left a {sig.name} handler installed; put back", stacklevel=1
             )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_folders_removed(request, tmp_path_factory):
+    """The folders a module's fixtures made (its reference runs, often hundreds of MB) go when
+    its last test has run, unless one of its tests failed (then they stay to be read), as
+    tmp_path_retention_policy = "failed" does for each test's own tmp_path: the suite's
+    footprint on /tmp stays that of one module per worker, not the sum of all of them."""
+    made, mktemp = [], tmp_path_factory.mktemp
+
+    def recorded(basename: str, numbered: bool = True):
+        path = mktemp(basename, numbered)
+        made.append(path)
+        return path
+
+    failed_before = request.session.testsfailed
+    tmp_path_factory.mktemp = recorded
+    yield
+    del tmp_path_factory.mktemp  # the class's own again
+    keep_all = request.config.getini("tmp_path_retention_policy") == "all"  # -o ...=all
+    if request.session.testsfailed == failed_before and not keep_all:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
