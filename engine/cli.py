@@ -35,6 +35,7 @@ from engine import recipe as contract
 from engine import weights as home
 from engine.data.sampler import check_elastic
 from engine.faults import RunError
+from engine.lifecycle import PeerFailure, train
 from engine.recipe import Recipe
 from engine.score import score
 from engine.setup import amp_dtype
@@ -47,7 +48,6 @@ from engine.tracking import (
     wandb_missing_note,
     wandb_mode,
 )
-from engine.train import PeerFailure, train
 from engine.weights import sources
 
 USAGE = (

@@ -1,49 +1,32 @@
-"""The training loop: step, epoch, fit, and one training process from start to summary.
+"""The training loop: step, epoch and fit.
 
-`python -m engine.train RECIPE [key=value ...]` is the command line (engine.cli). A run is
-assembled by engine.setup; evaluation, metering and checkpoints live in engine.evaluate,
-engine.meter and engine.checkpoint.state."""
+`python -m engine.train RECIPE [key=value ...]` is the command line (engine.cli); one process
+from start to summary is engine.lifecycle. A run is assembled by engine.setup; evaluation,
+metering and checkpoints live in engine.evaluate, engine.meter and engine.checkpoint.state."""
 
 from __future__ import annotations
 
 import json
 import runpy
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.profiler import record_function
 
 from engine import checkpoint as ckpt
-from engine import config as C
 from engine import distributed as D
-from engine import hang, preempt, rundir
+from engine import hang, preempt
 from engine import parallel as P
-from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
-from engine.data import fingerprint
 from engine.data.stages import STAGES
 from engine.ema import update_ema
-from engine.evaluate import metric_names, run_eval
+from engine.evaluate import run_eval
 from engine.faults import RunError, inject_after_step, slow_data
 from engine.meter import Meter
 from engine.profile import Profiling
-from engine.recipe import Recipe
-from engine.redact import redact
-from engine.results import summary_name, task_facts
 from engine.run import Run
-from engine.seeding import set_deterministic
-from engine.setup import setup
-from engine.tasks import check_supported, task_of
-from engine.tracking import ProgressBar, log, log_to, to_log_file
-
-PEER_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset")
-
-
-class PeerFailure(RunError):
-    """Reported by every rank that saw it (each says its own view)."""
-
+from engine.tracking import ProgressBar, log
 
 # ---------------------------------------------------------------- one step
 
@@ -136,20 +119,6 @@ def apply_step(run: Run, norm: torch.Tensor) -> bool:
     return False
 
 
-def note_bad_steps(run: Run) -> None:
-    """nan_policy=stop: the first step among the unchecked norms whose gradients were not
-    finite into run.health.first_bad_step (unless one is there already): a few operations per
-    window on the device, none per step, and no host sync (check_finite reads it)."""
-    norms, run.health.unchecked_norms = run.health.unchecked_norms, []
-    if not norms:
-        return
-    bad = ~torch.isfinite(torch.stack(norms))
-    first = run.progress.step - len(norms) + 1  # the norms are those of the latest steps
-    step = first + torch.argmax(bad.to(torch.uint8))  # argmax: the first of equal maxima
-    new = bad.any() & (run.health.first_bad_step == 0)
-    run.health.first_bad_step = torch.where(new, step, run.health.first_bad_step)
-
-
 # ---------------------------------------------------------------- epochs
 
 
@@ -198,8 +167,7 @@ def take_batches(run: Run, batches, meter: Meter) -> list:
     meter.wait += time.perf_counter() - waited
     if run.cfg.log.sample_ids:
         write_sample_ids(run, micro)
-    if run.health.skip_bad:
-        run.health.pending_bad += sum(int(b.replaced.sum()) for b in micro)
+    run.health.note_replaced(micro)
     return micro
 
 
@@ -207,7 +175,7 @@ def log_window(run: Run, meter: Meter) -> dict:
     """The logging window's record (a collective: the loss and the replaced-sample count
     summed over ranks), written; a non-finite step stops the run here. One host sync: the
     loss, that count, the gradient norm and the non-finite flag are read back together."""
-    note_bad_steps(run)
+    run.health.note_bad_steps(run.progress.step)
     summed = meter.loss.detach().clone().reshape(1)
     if run.health.skip_bad:  # filled on the device from a host int: no copy from Python data
         summed = torch.cat([summed, summed.new_full((1,), float(run.health.pending_bad))])
@@ -221,8 +189,7 @@ def log_window(run: Run, meter: Meter) -> dict:
     if bad:
         check_finite(run)
     if count:
-        run.health.bad_samples += int(count[0])
-        run.health.pending_bad = 0
+        run.health.add_replaced(int(count[0]))
     record = meter.record(run, loss, grad_norm)
     run.records.tracker.write(record)
     return record
@@ -303,13 +270,13 @@ def checkpoint(run: Run) -> None:
     """Save the run (a collective), never weights that took a non-finite step."""
     hang.beat("checkpoint", run.progress.step)
     check_finite(run)
-    flush_bad_count(run)
+    run.health.sum_replaced(run.device)
     checkpoint_state.save(run)
 
 
 def check_finite(run: Run) -> None:
     """nan_policy=stop: never checkpoint (or go on from) weights that took a non-finite step."""
-    note_bad_steps(run)
+    run.health.note_bad_steps(run.progress.step)
     bad = int(run.health.first_bad_step.item())
     if not bad:
         return
@@ -319,255 +286,6 @@ def check_finite(run: Run) -> None:
         f"non-finite gradients at step {bad}; stopped without saving ({kept}). Continue from "
         f"it, skipping such steps, with run.name={run.cfg.run.name} train.nan_policy=skip, or "
         "start a new run with a lower optim.lr or train.grad_clip"
-    )
-
-
-def flush_bad_count(run: Run) -> None:
-    """Sum the ranks' replaced-sample counts into the state (a collective with skip_bad)."""
-    if not run.health.skip_bad:
-        return
-    pending = torch.full((1,), float(run.health.pending_bad), device=run.device)
-    run.health.bad_samples += int(D.all_reduce_sum(pending).item())
-    run.health.pending_bad = 0
-
-
-# ---------------------------------------------------------------- one process
-
-
-def train(cfg: C.Config, recipe: Recipe) -> int:
-    """One training process: distributed set-up, the run, its summary, and tear-down."""
-    started = time.perf_counter()
-    denv = D.read_env()
-    D.limit_threads(denv)
-    set_deterministic(cfg.deterministic)
-    device = D.pick_device(cfg.device, denv)
-    D.init(denv, cfg.dist, device)
-    run, lock = None, None
-    try:
-        name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
-        C.finalize(cfg, {"run.name": name})
-        check_supported(task_of(recipe), cfg.train, cfg.mix)
-        lock, done = lock_run_dir(cfg, denv)
-        if done is not None:
-            return 0
-        run = setup(cfg, recipe, denv, device)
-        record_state(run, "running")
-        reason = fit_watched(run, holds_dir=lock is not None)
-        return conclude(run, reason, time.perf_counter() - started)
-    except BaseException as err:
-        if lock is not None:  # rank 0, holding the run directory
-            record_failure(run, rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name), err)
-        raise
-    finally:
-        log_to(None)
-        if run is not None:
-            run.close()  # the lock with it
-        elif lock is not None:
-            rundir.release(lock)  # a run directory made for a refused launch goes too
-        run = None  # the wrapped model holds the process group: dropped before it is destroyed
-        D.shutdown()
-
-
-def lock_run_dir(cfg: C.Config, denv: D.DistEnv) -> tuple[int | None, int | None]:
-    """(rank 0's lock on the run directory, the step the run there finished at or None).
-    Taken before anything is said about the run (resuming it, or that it is done), so a
-    second launch on a live run is refused first; set-up claims the same lock again."""
-    run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
-    lock = D.on_main(lambda: rundir.acquire(run_dir))
-    if lock is not None:
-        log_to(run_dir / rundir.LOG_NAME)  # rank 0's lines, from here on, in its train.log
-    done = D.broadcast_object(finished_at(cfg, run_dir) if denv.is_main else None)
-    if done is not None and denv.is_main:
-        log(
-            f"run {run_dir} already finished at step {done}; nothing to do (start another "
-            "with a new run.name)"
-        )
-    return lock, done
-
-
-def finished_at(cfg: C.Config, run_dir: Path) -> int | None:
-    """The step a run in run_dir finished at, when resume=auto would only repeat it: its
-    summary.json (written once all its steps are done) is of its newest checkpoint, and the
-    config asks for no more steps or epochs than it trained. None: there is training to do."""
-    summary_file = run_dir / "summary.json"
-    if cfg.resume != "auto" or not summary_file.is_file():
-        return None
-    try:
-        summary = json.loads(summary_file.read_text())
-        steps, epochs = int(summary["steps"]), int(summary["epochs"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # unreadable: resuming decides from the checkpoints
-    newest = ckpt.list_checkpoints(run_dir / "checkpoints")
-    if not newest or ckpt.step_of(newest[0]) != steps:
-        return None  # trained on after the summary (a longer run stopped early)
-    wanted = cfg.train.max_steps
-    done = steps >= wanted if wanted else epochs >= cfg.train.epochs
-    return steps if done else None
-
-
-def fit_watched(run: Run, holds_dir: bool) -> str | None:
-    """fit_or_explain() under the hang watchdog (engine.hang, dist.hang_s): a rank that makes
-    no progress ends the run in one line, which rank 0 also records as the run's failure."""
-    said = (lambda why: record_failure(run, run.run_dir, RunError(why))) if holds_dir else None
-    with hang.watch(run.run_dir, run.cfg.dist.hang_s, run.denv, said):
-        return fit_or_explain(run)
-
-
-def fit_or_explain(run: Run) -> str | None:
-    """fit(), with a peer that hung or died turned from a transport error into a line that
-    says what this rank was doing and what to look for."""
-    try:
-        reason = fit(run)
-        checkpoint_state.finish_writing(run)  # ckpt.async_save: the last one published
-        return reason
-    except OSError as err:  # the run directory's disk is full, read-only or gone
-        newest = ckpt.list_checkpoints(run.run_dir / "checkpoints")
-        intact = f"{newest[0].name} is intact" if newest else "no checkpoint was saved"
-        raise RunError(
-            f"could not write {err.filename or 'in the run directory'}: {err.strerror or err}; "
-            f"{intact}. Free space or fix permissions, then rerun with "
-            f"run.name={run.cfg.run.name} to resume"
-        ) from None
-    except torch.OutOfMemoryError:
-        raise out_of_memory(run) from None
-    except RuntimeError as err:
-        text = str(err)
-        if not run.denv.distributed or not any(p in text for p in PEER_FAILURES):
-            raise
-        what = (
-            f"no answer from the other ranks within dist.timeout_s={run.cfg.dist.timeout_s:g}s"
-            if "imed out" in text
-            else "another rank closed its connection"
-        )
-        raise PeerFailure(
-            f"rank {run.denv.rank}: {what} after step {run.progress.step} (in a collective: "
-            "gradients, metrics, checkpoint or evaluation); a rank hung or died, see the "
-            f"first failing rank's log. Rerun with run.name={run.cfg.run.name} to resume"
-        ) from None
-
-
-def out_of_memory(run: Run) -> RunError:
-    """One line for an out-of-memory error: where, and what to change; with prof.memory, the
-    allocator's history written and named."""
-    profiling = run.records.profiling
-    snapshot = profiling.write_memory() if profiling is not None else None
-    where = (
-        f"the allocator's history is in {snapshot} (open it at pytorch.org/memory_viz)"
-        if snapshot
-        else "rerun with prof.memory=true to record the allocator's history"
-    )
-    return RunError(
-        f"out of memory on {run.device} at step {run.progress.step + 1}: {where}; lower "
-        "train.micro_batch_size (the global batch is kept by accumulation), or turn on "
-        "train.activation_checkpointing or dist.strategy=fsdp"
-    )
-
-
-def conclude(run: Run, reason: str | None, seconds: float) -> int:
-    """The end of a start that did not fail: the summary of a finished run, the state it
-    ended in, and the exit code (75: preempted, the checkpoint saved)."""
-    flush_bad_count(run)
-    if run.denv.is_main:
-        finish(run, reason, seconds)
-    run.records.tracker.close()
-    code = preempt.EXIT_PREEMPTED if reason == "preempted" else 0
-    record_state(run, "stopped" if reason else "finished", code, reason or "")
-    return code
-
-
-def record_state(run: Run, state: str, exit_code: int | None = None, why: str = "") -> None:
-    """Rank 0: state.json, how the run's latest start stands (running, finished, stopped,
-    failed), at which step of how many, with the exit code once it ended. `make status`
-    reads it; a process killed outright leaves `running` behind a lock no one holds."""
-    if why == "preempted":
-        why = f"preempted: {', '.join(preempt.received()) or 'a signal to another rank'}"
-    if run.denv.is_main:
-        write_state(run.run_dir, state, run.progress.step, run.progress.total_steps, exit_code, why)
-
-
-def write_state(
-    run_dir: Path, state: str, step: int, steps: int | None, exit_code: int | None, why: str
-) -> None:
-    facts = {"state": state, "step": step, "steps": steps, "time": round(time.time(), 3)}
-    if restarts := rundir.slurm_restarts():  # this start follows that many requeues
-        facts["requeues"] = restarts
-    if exit_code is not None:
-        facts |= {"exit_code": exit_code, "why": why}
-    ckpt.atomic_write_text(run_dir / rundir.STATE_NAME, json.dumps(facts) + "\n")
-
-
-def record_failure(run: Run | None, run_dir: Path, err: BaseException) -> None:
-    """Rank 0, on an error that ends its start: state.json says failed and why (a refused
-    fresh launch, which leaves no run behind, says nothing); the log file gets the line."""
-    if not rundir.holds_a_run(run_dir):
-        return
-    code = 2 if isinstance(err, C.ConfigError) else 130 if isinstance(err, KeyboardInterrupt) else 1
-    why = redact(one_line_of(err))
-    to_log_file(f"error: {why}")
-    step, steps = (run.progress.step, run.progress.total_steps) if run is not None else (0, None)
-    try:
-        if not (run is None and code == 2 and note_refusal(run_dir, why)):
-            write_state(run_dir, "failed", step, steps, code, why)
-    except OSError:
-        pass  # a full or read-only disk: the error that ends the run says so already
-
-
-def note_refusal(run_dir: Path, why: str) -> bool:
-    """A launch refused before it started (a config that drifted, a resume not allowed)
-    changed nothing: the run stays as its last start left it (finished, stopped or failed),
-    with the refused attempt beside it, not in its place. False: no such state to keep."""
-    try:
-        state = json.loads((run_dir / rundir.STATE_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    if state.get("state") not in ("finished", "stopped", "failed"):
-        return False
-    state["refused"] = {"time": round(time.time(), 3), "exit_code": 2, "why": why}
-    ckpt.atomic_write_text(run_dir / rundir.STATE_NAME, json.dumps(state) + "\n")
-    return True
-
-
-def one_line_of(err: BaseException) -> str:
-    """The error as its message says it: the last line of a long one, a type for none."""
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    if isinstance(err, RunError | C.ConfigError) and lines:
-        return lines[-1]
-    return f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__
-
-
-def finish(run: Run, reason: str | None, seconds: float) -> None:
-    """Rank 0: how the run ended, and summary.json for a finished run."""
-    st = run.progress
-    if reason:
-        cause = ", ".join(preempt.received()) or "a signal to another rank"
-        why = f"{reason}: {cause}" if reason == "preempted" else reason
-        log(
-            f"stopped at step {st.step} ({why}); checkpoint saved. Resume: rerun with "
-            f"run.name={run.cfg.run.name}"
-        )
-        return
-    ev, task = run.records.last_eval, run.task
-    metrics = {summary_name(k): ev[k] for k in metric_names(ev)}
-    metrics = {k: v for k, v in metrics.items() if k not in ("kind", "step", "epoch")}
-    facts = task_facts(task.headline, task.higher_is_better, task.unit)
-    summary = metrics | {"headline": facts["headline"], "higher_is_better": task.higher_is_better}
-    summary |= {
-        "seconds": seconds,
-        "steps": st.step,
-        "epochs": st.epoch,
-        "world_size": run.denv.world_size,
-        "code": run.records.code,
-        "data": fingerprint.brief(run.records.data),
-    }
-    if run.net.init_record:
-        summary["init"] = run.net.init_record
-    if run.health.skip_bad:
-        summary["bad_samples"] = run.health.bad_samples
-        log(f"skipped {run.health.bad_samples} unreadable training samples (data.skip_bad)")
-    summary["best_checkpoints"] = best.summary(run)  # best first, paths in the run directory
-    ckpt.atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    log(
-        f"{run.cfg.recipe}: {task.describe(ev)} in {seconds:.1f}s, {st.step} steps; run dir {run.run_dir}"
     )
 
 

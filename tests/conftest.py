@@ -156,7 +156,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def train_here():
     """Trains as `python -m engine.train RECIPE QUIET run.root=ROOT run.name=NAME OVERRIDES`
-    would (engine.train.train, one process, one thread as tests.helpers.engine_env gives the
+    would (engine.lifecycle.train, one process, one thread as tests.helpers.engine_env gives the
     engine's processes), but in this process: for tests whose subject is what a run trains,
     not the process (its start-up, exit status or signals). The global flags and the thread
     count it changes are put back after each run; rank 0's lines are in the run's train.log
@@ -164,7 +164,7 @@ def train_here():
     import torch
 
     from engine.catalog import load_config
-    from engine.train import train
+    from engine.lifecycle import train
     from tests.helpers import QUIET, backend_flags, set_backend_flags
 
     def run(root, name: str, *overrides: str, recipe: str = "digits", variant: str = "") -> None:

@@ -1,5 +1,5 @@
 """determinism: whether the engine's training is bitwise repeatable on this device, with
-deterministic=true (engine.seeding.set_deterministic, as engine.train.train applies it). Two
+deterministic=true (engine.seeding.set_deterministic, as engine.lifecycle.train applies it). Two
 identical short runs of the imagenet recipe on synthetic data (ResNet-18, `determinism_steps`
 steps: one epoch, then the engine's evaluation and checkpoint, through the engine's fit()),
 and a third stopped halfway (train.stop_at_step, which checkpoints) and resumed from that

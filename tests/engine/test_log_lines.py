@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from engine import train
+from engine import lifecycle
 from engine.catalog import load_config
 from tests.helpers import records
 
@@ -46,7 +46,7 @@ def test_step_and_evaluation_lines_count_epochs_from_1(
 ):
     common = [*PLAIN, f"run.root={tmp_path}", "run.name=r", *overrides]
     cfg, recipe = load_config("digits", common)
-    assert train.train(cfg, recipe) == 0
+    assert lifecycle.train(cfg, recipe) == 0
     err = capsys.readouterr().err
     assert said_epochs(err, "train") == steps, err
     assert said_epochs(err, "eval") == evals, err

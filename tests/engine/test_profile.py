@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import train as engine_train
+from engine import lifecycle
 from engine.config import ConfigError
 from engine.faults import RunError
 from engine.meter import clocked
@@ -51,7 +51,7 @@ def test_out_of_memory_is_one_line_naming_the_step_and_the_fix(tmp_path, train_h
     def out_of_memory(run):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(engine_train, "fit", out_of_memory)
+    monkeypatch.setattr(lifecycle, "fit", out_of_memory)
     with pytest.raises(RunError) as err:
         train_here(tmp_path, "oom", "train.max_steps=3")
     line = str(err.value)

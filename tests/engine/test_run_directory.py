@@ -1,4 +1,4 @@
-"""Claiming a run directory, in this process (engine.train.train, as `python -m engine.train`
+"""Claiming a run directory, in this process (engine.lifecycle.train, as `python -m engine.train`
 runs it): a root that cannot be written is one line and leaves nothing; a run that finished
 is not trained again; a live run's lock is refused before anything says "resuming"."""
 
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from engine import cli, preempt, rundir, train
+from engine import cli, lifecycle, preempt, rundir
 from engine.catalog import load_config
 from engine.config import ConfigError
 
@@ -24,7 +24,7 @@ def train_run(root, name: str, *overrides: str) -> int:
     cfg, recipe = load_config(
         "digits", [*QUIET, f"run.root={root}", f"run.name={name}", *overrides]
     )
-    return train.train(cfg, recipe)
+    return lifecycle.train(cfg, recipe)
 
 
 def test_a_root_that_cannot_be_written_is_one_line_with_exit_2(monkeypatch, capsys):

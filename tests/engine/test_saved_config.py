@@ -1,7 +1,7 @@
 """A run directory's config.yaml holds the config that was asked for, not what this machine
 made of it: `device: auto` (asked, or the default) stays `auto`, so the same file resumes or
 reruns the run on a machine with other devices. The device the run resolved is recorded in
-env.json instead. Both runs here are in this process (engine.train.train, engine.setup)."""
+env.json instead. Both runs here are in this process (engine.lifecycle.train, engine.setup)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from engine import distributed as D
-from engine import train
+from engine import lifecycle
 from engine.catalog import load_config
 from engine.setup import setup
 
@@ -31,7 +31,7 @@ def saved_files(run_dir: Path) -> tuple[dict, dict]:
 def test_a_run_started_without_a_device_saves_device_auto(tmp_path):
     cfg, recipe = load_config("digits", [*QUIET, f"run.root={tmp_path}", "run.name=r"])
     assert cfg.device == "auto"  # the default: what was asked
-    assert train.train(cfg, recipe) == 0
+    assert lifecycle.train(cfg, recipe) == 0
     config, env = saved_files(tmp_path / "digits" / "r")
     assert config["device"] == "auto"
     assert env["device"] != "auto"  # what it resolved to ("cpu", "cuda:0") is env.json's

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from engine.catalog import load_config
 from engine.config import ConfigError, MixConfig, TrainConfig
+from engine.lifecycle import train
 from engine.tasks import IGNORE, Classification, NextToken, check_supported
-from engine.train import train
 
 
 def split_mean(task, output, target, parts: int) -> torch.Tensor:

@@ -141,7 +141,7 @@ def test_other_runs_never_import_timm():
     the imagenet or digits configs, not building a torchvision model."""
     script = (
         "import sys\n"
-        "from engine import catalog, train\n"
+        "from engine import catalog, lifecycle\n"
         "from recipes.imagenet.model import ModelConfig, build_model\n"
         "catalog.load_config('digits', [])\n"
         "catalog.load_config('imagenet', ['model.arch=resnet18'])\n"
