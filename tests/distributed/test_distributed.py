@@ -3,13 +3,13 @@ and the engine's own process spawning."""
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from engine.meter import clocked
+from engine.spawn import free_port
 from launch.analysis import report
 from tests.helpers import (
     QUIET,
@@ -171,12 +171,6 @@ def test_evaluation_sees_each_sample_exactly_once(tmp_path, world):
     by_rank = [set(ids) for ids in seen["ids_by_rank"]]
     assert len(by_rank) == world and all(by_rank)  # every rank took a share
     assert sum(map(len, by_rank)) == 359 and set().union(*by_rank) == set(range(359))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_torchrun_agents_as_two_nodes_form_one_job(tmp_path):

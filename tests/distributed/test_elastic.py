@@ -10,13 +10,13 @@ lose that one, so the node that dies is the second."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from engine.spawn import free_port
 from launch import render
 from tests.helpers import (
     QUIET,
@@ -48,12 +48,6 @@ RESUME_TOLERANCE = 5e-5  # as for any resume on another world size (test_distrib
 # heartbeat for 1 s x 6 is gone, and a rendezvous waits 2 s for latecomers once it has enough.
 RDZV_CONF = "--rdzv_conf=last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=6"
 DEADLINE_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_command(root, port: int) -> list[str]:

@@ -7,8 +7,6 @@ captures every layer there, under DDP too."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch._dynamo
@@ -17,6 +15,7 @@ from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from engine.parallel import compile_in_place
+from engine.spawn import free_port
 
 LAYERS = 14
 
@@ -65,12 +64,6 @@ def test_compile_in_place_captures_every_layer_where_module_compile_did_not(old_
     assert torch.equal(model(x), expected)
     assert backend.ops == [LAYERS]
     assert list(model.state_dict()) == list(sequential().state_dict())  # keys unchanged
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # a process group and dynamo's DDP optimizer: seconds

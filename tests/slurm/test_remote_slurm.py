@@ -16,16 +16,11 @@ from pathlib import Path
 import pytest
 
 from engine import codeid
+from engine.spawn import free_port
 from tests.helpers import REPO, launch, launch_env
 
 SSHD = Path("/usr/sbin/sshd")
 STAMP = ".venv/.installed-lock"  # the Makefile's venv stamp; -o: never rebuild it from here
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keygen(path: Path) -> Path:

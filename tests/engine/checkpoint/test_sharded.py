@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from engine import checkpoint as ckpt
 from engine import rundir
 from engine.checkpoint import sharded
 from engine.config import ConfigError
+from engine.spawn import free_port
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[3]
@@ -203,12 +203,6 @@ def test_latest_valid_skips_an_incomplete_directory(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- real processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def script_env() -> dict[str, str]:
