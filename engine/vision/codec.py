@@ -1,7 +1,7 @@
 """Reading and decoding image files, through torchcodec: on the CPU (libjpeg-turbo, libpng,
 libwebp) in loader workers, and JPEGs in batches on CUDA (nvJPEG). torchvision's decoders are
 deprecated since torchvision 0.29 in favour of these; on the same bytes torchcodec's CPU
-decoder gives torchvision's pixels bitwise (tests/engine/data/test_codec.py), so runs and
+decoder gives torchvision's pixels bitwise (tests/engine/vision/test_codec.py), so runs and
 checkpoints made before the switch resume unchanged.
 
 torchcodec is a dependency (pinned in requirements.lock). A site image with torch but without

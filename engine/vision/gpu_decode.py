@@ -16,12 +16,12 @@ and cut to its window in float32 by engine.vision.resample (torch's filters and 
 a number of operations that does not grow with the batch), rounded, and normalised without
 the trip through uint8. Its sums run in another order than torch's per-image kernel, so it
 differs from torchvision's per-image float result by at most one level in a few values per
-million (measured: tests/engine/data/test_resample.py). What differs from `decode: cpu`:
+million (measured: tests/engine/vision/test_resample.py). What differs from `decode: cpu`:
 nvJPEG's IDCT and chroma upsampling round differently from libjpeg-turbo, and the CPU resizes
 uint8 with its own integer kernel (AVX2, AVX-512, ARM); on the same decoded pixels the float
 resize differs from that kernel by at most one level (of 255), in about 13% of the values
 (measured on photographs, training crops and evaluation alike:
-tests/engine/data/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
+tests/engine/vision/test_gpu_decode.py). The CPU keeps torchvision's per-image call.
 
 Files the device is not given: whatever PIL's header does not show as a colour JPEG (PNGs
 named .JPEG, CMYK and grey JPEGs) and JPEGs without their end marker (truncated,

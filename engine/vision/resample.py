@@ -19,7 +19,7 @@ when shrinking, normalised to sum 1), computed for the whole batch at once on th
 sums run in another order than torch's per-image kernel (height first; float32 throughout), so
 a value can land on the other side of a rounding edge: after rounding to whole levels the
 result differs from torchvision's per-image float path by at most one level in a small share
-of values (tests/engine/data/test_resample.py states and checks the figures)."""
+of values (tests/engine/vision/test_resample.py states and checks the figures)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from engine.vision.gpu_decode import DeviceDecodedFiles, crop_flip_batch, decode
 from engine.vision.imagefolder import folder_indexes
 from engine.vision.images import ImageAugment, normalise_on_device
 from tests.datagen_images import plant_not_an_image, settle, wnid, write_image_folder
-from tests.engine.data.test_gpu_decode import (
+from tests.engine.vision.test_gpu_decode import (
     plant_bad_huffman_table,
     torchvision_per_image,
     whole_batch,

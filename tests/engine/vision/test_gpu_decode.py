@@ -266,7 +266,7 @@ def test_the_batched_float_path_is_torchvision_s_float_path_within_a_level_of_th
     """CUDA's path, run on the CPU: the batch resampled at once is torchvision's per-image
     uint8 -> float -> resize -> round -> uint8 (its path on CUDA, and on CPUs without its
     uint8 kernel) within one level in a few values per million (another order of sums:
-    tests/engine/data/test_resample.py). Against the CPU's uint8 kernel (decode=cpu on this
+    tests/engine/vision/test_resample.py). Against the CPU's uint8 kernel (decode=cpu on this
     machine) it differs by at most one level, in about one value in eight (measured 13.5%
     train, 13.0% eval on these photos)."""
     data, x = whole_batch(photos, train)
