@@ -21,7 +21,7 @@ from engine import recipe as contract
 from engine import weights as home
 from engine.checkpoint.state import background_writer, check_resumable, restore, resume_source
 from engine.data import fingerprint, shm
-from engine.data.device import DeviceImages
+from engine.data.device import DeviceData
 from engine.data.loaders import SeededSamples, train_loader
 from engine.data.mix import build_mix
 from engine.data.prefetch import finish_ahead
@@ -173,7 +173,7 @@ def warn_shared_memory(run: Run) -> None:
     if run.feed.sampler is not None:  # training (evaluation alone has no training loader)
         plans.insert(0, (run.feed.train_data, run.feed.sampler.plan.micro_batch))
     for data, batch in plans:
-        if isinstance(data, DeviceImages):
+        if isinstance(data, DeviceData):
             continue
         text = shm.check(SeededSamples(data), batch, run.cfg.loader, processes)
         if text:

@@ -31,9 +31,9 @@ from bench.gpu.harness import (
 from bench.gpu.sizes import TARGETS
 from engine import catalog
 from engine.catalog import load_config
-from engine.data.device import DeviceImages
 from engine.data.loaders import train_loader
 from engine.speed import flops_per_sample
+from engine.vision.device import DeviceImages
 from engine.vision.images import IMAGENET_MEAN, IMAGENET_STD
 
 RESNET50_FORWARD_GMACS = 4.1  # the usual "4.1 GFLOPs" of ResNet-50 at 224 px: multiply-adds

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from engine import recipe as contract
 from engine.config import LoaderConfig
-from engine.data.device import DeviceImages, DeviceLoader
+from engine.data.device import DeviceData, DeviceLoader
 from engine.data.errors import BadSample, DataError
 from engine.data.sampler import GlobalBatchSampler, Keys, Sample, eval_batches, eval_shard
 from engine.seeding import derive_seed, seed_sample, worker_init
@@ -170,9 +170,9 @@ def train_loader(
     device: torch.device,
     skip_bad: bool = False,
 ):
-    """Micro batches as Samples of tensors. A DeviceImages dataset is gathered and augmented
+    """Micro batches as Samples of tensors. A DeviceData dataset is gathered and augmented
     on the device itself; anything else goes through a DataLoader with workers."""
-    if isinstance(dataset, DeviceImages):
+    if isinstance(dataset, DeviceData):
         return DeviceLoader(dataset.to(device), sampler, train=True)
     generator = torch.Generator().manual_seed(derive_seed(sampler.seed, sampler.rank, 0x10AD))
     return DataLoader(
@@ -195,7 +195,7 @@ def eval_loader(
     """This rank's contiguous shard, in order. With skip_bad an unreadable file arrives as a
     replaced sample, which evaluation leaves out of its sums (and counts)."""
     batches = eval_batches(eval_shard(len(dataset), rank, world_size), batch_size)
-    if isinstance(dataset, DeviceImages):
+    if isinstance(dataset, DeviceData):
         return DeviceLoader(dataset.to(device), batches, train=False)
     opts = _worker_options(cfg, device) | {"persistent_workers": False}
     if cfg.num_workers == 0:

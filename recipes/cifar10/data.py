@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from engine.config import ConfigError, bounded
-from engine.data.device import DeviceImages
+from engine.vision.device import DeviceImages
 from recipes.cifar10 import cifar_files
 
 MEAN = (0.4914, 0.4822, 0.4465)

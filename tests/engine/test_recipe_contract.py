@@ -5,6 +5,8 @@ sections and datasets only through the functions there, never by a name of its o
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -56,3 +58,21 @@ def test_the_contract_module_is_torch_free():
     names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
     assert not [n for n in names if n.split(".")[0] in ("torch", "engine")], names
+
+
+def test_the_loop_its_set_up_and_a_digits_run_load_no_image_code():
+    """Images live beside the generic core (engine/vision): the loop, a process's life and a
+    run's set-up import none of it, nor does a digits run's config (an import contract holds
+    it for the source; this holds it for what a process really loads)."""
+    script = (
+        "import sys\n"
+        "import engine.lifecycle, engine.setup, engine.train\n"
+        "from engine import catalog\n"
+        "catalog.load_config('digits', [])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('engine.vision', 'torchvision'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

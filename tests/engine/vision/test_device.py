@@ -3,8 +3,9 @@ function of (seed, epoch, sample index): not of the batch a sample lands in."""
 
 import torch
 
-from engine.data.device import DeviceImages, DeviceLoader
+from engine.data.device import DeviceLoader
 from engine.data.sampler import GlobalBatchSampler, plan_batches
+from engine.vision.device import DeviceImages
 
 N = 64
 
