@@ -60,3 +60,12 @@ def test_the_link_check_sees_a_broken_link_and_a_missing_heading(tmp_path):
     assert "some-part-here" in anchors(tmp_path / "a.md") and "nowhere" not in anchors(
         tmp_path / "a.md"
     )
+
+
+def test_the_readme_is_a_page_a_newcomer_reads_and_names_no_commit():
+    """README.md: the two commands, the recipes, the request interface and links, within 300
+    lines; measurements with their commits live in docs/ (a commit hash dates a page)."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    words = set(re.findall(r"\b[0-9a-f]{7,40}\b", FENCE.sub("", text)))
+    assert not {w for w in words if re.search(r"[a-f]", w) and re.search(r"[0-9]", w)}

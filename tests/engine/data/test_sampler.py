@@ -149,9 +149,9 @@ def test_an_elastic_range_passes_exactly_when_every_world_size_keeps_the_batch(
         assert micro is None or fixed <= micro
 
 
-def test_the_readme_elastic_example_passes_its_check():
-    # README's `make train ... NODES=2:4 GPUS=8 ARGS="..."`: every world size of the range.
-    text = (REPO / "README.md").read_text()
+def test_the_documented_elastic_example_passes_its_check():
+    # docs/distributed.md: `make train ... NODES=2:4 GPUS=8 ARGS="..."`, every world size
+    text = (REPO / "docs" / "distributed.md").read_text()
     (line,) = [x for x in text.splitlines() if "NODES=2:4" in x and "GPUS=8" in x]
     batch = int(re.search(r"train\.batch_size=(\d+)", line)[1])
     micro = int(re.search(r"train\.micro_batch_size=(\d+)", line)[1])
