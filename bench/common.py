@@ -101,10 +101,10 @@ def close_engine_run(run: Run) -> None:
     the loader's persistent workers, released; never raises (a benchmark reports, then ends)."""
     with contextlib.suppress(Exception):
         run.records.tracker.close()
-    if run.records.lock_fd is not None:
+    if run.held.lock_fd is not None:
         with contextlib.suppress(OSError):
-            os.close(run.records.lock_fd)
-        run.records.lock_fd = None
+            os.close(run.held.lock_fd)
+        run.held.lock_fd = None
     close = getattr(run.feed.loader, "close", None)  # loader.decode_ahead's thread, first
     if close is not None:
         with contextlib.suppress(Exception):

@@ -153,7 +153,7 @@ def fit_or_explain(run: Run) -> str | None:
 def out_of_memory(run: Run) -> RunError:
     """One line for an out-of-memory error: where, and what to change; with prof.memory, the
     allocator's history written and named."""
-    profiling = run.records.profiling
+    profiling = run.held.profiling
     snapshot = profiling.write_memory() if profiling is not None else None
     where = (
         f"the allocator's history is in {snapshot} (open it at pytorch.org/memory_viz)"

@@ -32,6 +32,18 @@ from engine.tasks import Task
 
 
 @dataclass
+class Held:
+    """What the process holds while the run lives, none of it the run's state (nothing here
+    is saved or recorded): rank 0's lock on the run directory, the background checkpoint
+    writer (ckpt.async_save: engine.checkpoint.sharded.BackgroundWriter), and the profiler
+    while fit() runs (engine.profile.Profiling). Run.close() lets go of them."""
+
+    lock_fd: int | None = None
+    writer: Any = None
+    profiling: Any = None
+
+
+@dataclass
 class Run:
     cfg: C.Config
     recipe: Recipe
@@ -45,6 +57,10 @@ class Run:
     progress: Progress
     health: Health
     records: Records
+
+    def __post_init__(self) -> None:
+        # Not a field: what the process holds is neither a decision nor a part of the run.
+        self.held = Held()
 
     def parts(self) -> tuple[Part, ...]:
         return (self.net, self.opt, self.feed, self.progress, self.health, self.records)
@@ -72,11 +88,11 @@ class Run:
         then the hold on the run directory, free for the next launch."""
         if hasattr(self.feed.loader, "close"):
             self.feed.loader.close()
-        if self.records.writer is not None:
-            self.records.writer.close()
-        if self.records.lock_fd is not None:
-            rundir.release(self.records.lock_fd)
-            self.records.lock_fd = None
+        if self.held.writer is not None:
+            self.held.writer.close()
+        if self.held.lock_fd is not None:
+            rundir.release(self.held.lock_fd)
+            self.held.lock_fd = None
 
     def autocast(self):
         if self.opt.amp_dtype is None:

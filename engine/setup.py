@@ -240,7 +240,7 @@ def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Ru
     train_data, eval_data = data
     sampler = GlobalBatchSampler(len(train_data), decided.plan, denv.rank, cfg.seed)
     total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
-    return Run(
+    run = Run(
         cfg=cfg,
         recipe=decided.recipe,
         task=task_of(decided.recipe).for_model(cfg.model),
@@ -258,9 +258,10 @@ def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Ru
         records=Records(
             speed=speed_inputs(decided.recipe, cfg, device, denv.world_size),
             config=cfg,
-            writer=background_writer(cfg, decided.strategy),
         ),
     )
+    run.held.writer = background_writer(cfg, decided.strategy)
+    return run
 
 
 def build_optimisation(decided: Decisions, model: nn.Module, total: int, epoch_steps: int):
@@ -294,7 +295,7 @@ def open_run_dir(run: Run, wandb: str) -> None:
     """Rank 0 claims the run directory and writes config.yaml, env.json and the tracker's
     first records (W&B in mode `wandb`); every rank contributes its host name."""
     cfg, denv = run.cfg, run.denv
-    run.records.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
+    run.held.lock_fd = D.on_main(lambda: claim_run_dir(cfg, run.run_dir))
     if denv.is_main:
         ckpt.atomic_write_text(run.run_dir / "config.yaml", redact(C.dump(cfg)))
         # W&B's config names the code and the data too

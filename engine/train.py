@@ -129,7 +129,7 @@ def train_epoch(run: Run, bar: ProgressBar) -> str | None:
     meter = Meter(run.device)
     batches = iter(run.feed.loader)  # the batch sampler is read in this process, at iter()
     epoch_end = run.feed.epoch_samples()
-    profiling = run.records.profiling
+    profiling = run.held.profiling
     while st.position < epoch_end and st.step < st.total_steps:
         if profiling is not None:
             profiling.step_begins(st.step + 1)
@@ -238,7 +238,7 @@ def fit(run: Run) -> str | None:
     cfg, st = run.cfg, run.progress
     bar = ProgressBar(st.total_steps, st.step, cfg.log.progress, run.denv.is_main)
     profiling = Profiling(cfg.prof, run.denv.rank, run.denv.world_size, run.run_dir, run.device)
-    run.records.profiling = profiling if profiling.active else None
+    run.held.profiling = profiling if profiling.active else None
     try:
         while st.step < st.total_steps:
             reason = train_epoch(run, bar)
@@ -253,9 +253,9 @@ def fit(run: Run) -> str | None:
         return None
     finally:
         bar.close()
-        if run.records.profiling is not None:
-            run.records.profiling.close()
-            run.records.profiling = None
+        if run.held.profiling is not None:
+            run.held.profiling.close()
+            run.held.profiling = None
 
 
 def end_epoch(run: Run, bar: ProgressBar) -> None:

@@ -224,7 +224,7 @@ def write_sharded(run: Run, state: dict) -> str | None:
     pause = save_pause(run.cfg.fault, run.progress.step)
     from engine.checkpoint import sharded  # start-up time: imports DCP
 
-    writer = run.records.writer
+    writer = run.held.writer
     try:
         if writer is not None:  # published, pruned and placed by finish_writing
             writer.start(path, run.net.bare, run.opt.optimizer, state, pause)
@@ -262,7 +262,7 @@ def finish_writing(run: Run) -> None:
     """A collective under ckpt.async_save: wait for the checkpoint being written in the
     background, publish it, prune, place the best. Called before the next checkpoint and
     when training ends; a failed write ends the run in one line on every rank."""
-    writer = run.records.writer
+    writer = run.held.writer
     if writer is None or writer.writing is None:
         return
     from engine.checkpoint.sharded import SaveFailed  # start-up time: imports DCP

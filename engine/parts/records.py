@@ -1,6 +1,6 @@
 """What the run writes about itself: metrics through the tracker, the last evaluation, the
-best checkpoints' ranking, the code, data and config that wrote each checkpoint, and the hold on
-the run directory."""
+best checkpoints' ranking, and the code, data and config that wrote each checkpoint. (What the
+process holds, a lock or a writer, is engine.run.Held.)"""
 
 from __future__ import annotations
 
@@ -27,10 +27,6 @@ class Speed:
 class Records(Part):
     tracker: Tracker | NullTracker = transient(default_factory=NullTracker)
     speed: Speed = transient(default_factory=Speed)
-    lock_fd: int | None = transient(default=None)  # rank 0's hold on the run directory
-    profiling: Any = transient(default=None)  # engine.profile.Profiling while fit() runs
-    # ckpt.async_save: the checkpoint writer (engine.checkpoint.sharded.BackgroundWriter)
-    writer: Any = transient(default=None)
     config: C.Config | None = transient(default=None)  # recorded redacted by state_dict
     code: dict = recorded(default_factory=dict)  # engine.codeid's identity of the code running
     # engine.data.fingerprint's fingerprints of the training and held-out data

@@ -212,8 +212,8 @@ def engine_run(recipe: str, overrides: list[str], variant: str = ""):
             yield run
         finally:
             run.records.tracker.close()
-            if run.records.lock_fd is not None:
-                os.close(run.records.lock_fd)
+            if run.held.lock_fd is not None:
+                os.close(run.held.lock_fd)
 
 
 def device_state(run) -> list[torch.Tensor]:

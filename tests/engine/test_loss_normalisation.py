@@ -112,8 +112,8 @@ def step_against_reference(root: Path, name: str, rank: int, world: int, accum: 
         }
     finally:
         run.records.tracker.close()
-        if run.records.lock_fd is not None:
-            os.close(run.records.lock_fd)
+        if run.held.lock_fd is not None:
+            os.close(run.held.lock_fd)
 
 
 def check(result: dict) -> None:

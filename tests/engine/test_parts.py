@@ -132,3 +132,24 @@ def test_an_ema_run_refuses_a_state_without_an_ema(build):
     plain = build("plain", "train.max_steps=4").state_dict()
     with pytest.raises(ConfigError, match="holds no EMA of the weights, but ema.decay is set"):
         build("averaged", "train.max_steps=4", "ema.decay=0.9").load_state_dict(plain)
+
+
+def test_the_parts_hold_a_runs_state_and_not_what_the_process_holds():
+    """A lock on the run directory, a checkpoint writer and a profiler are held by the
+    process for the run (engine.run.Held), never fields of the parts a checkpoint sums."""
+    from dataclasses import fields
+
+    from engine.run import Held, Run
+
+    part_types = [f.type for f in fields(Run) if f.name in ("net", "opt", "feed", "progress",
+                                                             "health", "records")]  # fmt: skip
+    assert len(part_types) == 6
+    held = {f.name for f in fields(Held)}
+    assert held == {"lock_fd", "writer", "profiling"}
+    from engine import parts as P
+    from engine.parts import feed, health, network, optimisation, progress, records
+
+    classes = [feed.Feed, health.Health, network.Network, optimisation.Optimisation,
+               progress.Progress, records.Records]  # fmt: skip
+    assert all(issubclass(c, P.Part) for c in classes)
+    assert not {f.name for c in classes for f in fields(c)} & held
