@@ -1,7 +1,8 @@
 """What changes a run's bits besides its config and code: the CPU and the instruction set
 torch dispatches to, torch's BLAS and oneDNN, the GPUs, their driver, CUDA, cuDNN and NCCL,
 and the deterministic flags in force. env.json records it as "hardware"; launch.hardware
-compares two such records (torch-free).
+compares two such records (torch-free) by the names in engine.hardware_keys, which facts()
+writes (a test holds every name among them).
 
 Every fact is read without raising: one that cannot be read here is None."""
 

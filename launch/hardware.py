@@ -11,20 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# The facts that change bits, in the order a note names them.
-BITS = (
-    "cpu_model",
-    "cpu_capability",
-    "blas",
-    "gpu_models",
-    "driver",
-    "cuda",
-    "cudnn",
-    "nccl",
-    "torch",
-)
-# What `make reproduce` calls the same machine: a CPU recipe's bits depend on these.
-SAME_MACHINE = ("cpu_model", "cpu_capability", "torch")
+from engine.hardware_keys import BITS, SAME_MACHINE  # the writer's names, torch-free
+
+__all__ = ["BITS", "SAME_MACHINE", "describe", "differences", "differing", "note", "of", "text"]
 UNKNOWN = "unknown"
 
 

@@ -46,7 +46,7 @@ PLANTS = (
     ),
     Plant(
         "hardware: BLAS is a fact that changes bits",
-        "launch/hardware.py",
+        "engine/hardware_keys.py",
         '    "blas",\n',
         "",
         ("tests/engine/test_hardware.py",),

@@ -4,13 +4,14 @@ import json
 
 import torch
 
-from engine import hardware, tracking
+from engine import hardware, hardware_keys, tracking
 from launch import hardware as compare_hardware
 
 
 def test_the_facts_that_change_bits_are_all_recorded_here():
     facts = hardware.facts(torch.device("cpu"))
     assert set(compare_hardware.BITS) <= set(facts)  # launch compares what the engine writes
+    assert compare_hardware.BITS is hardware_keys.BITS  # by the names written beside it
     assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert facts["torch"] == torch.__version__ and facts["device"] == "cpu"
     assert facts["cpu_count"] >= 1 and facts["cpu_model"]
