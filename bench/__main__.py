@@ -18,12 +18,13 @@ import inspect
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from engine import codeid
 
 BENCHMARKS = ("decode", "overhead", "host_step", "end_to_end", "startup")  # decode: when it exists
 REPO = Path(__file__).resolve().parent.parent
@@ -71,11 +72,7 @@ def run_all(quick: bool, smoke: bool) -> tuple[list[dict], dict[str, float], lis
 
 
 def git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return codeid.git_text(REPO, *args)
 
 
 def version(package: str) -> str | None:

@@ -19,32 +19,40 @@ IDENTITY = ("commit", "dirty", "diff_sha256")
 CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini", ".sh", ".lock")
 
 
-def _git(repo: Path, *args: str) -> bytes | None:
+def git(repo: Path, *args: str) -> bytes | None:
+    """`git ARGS`'s output in repo, or None where git, the history or the checkout is
+    missing (or git took over 20 s): the project's one place that runs git."""
     try:
         out = subprocess.run(["git", *args], cwd=repo, capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
+
+
+def git_text(repo: Path, *args: str) -> str | None:
+    """git(repo, ARGS) as stripped text."""
+    out = git(repo, *args)
+    return None if out is None else out.decode(errors="replace").strip()
 
 
 def is_checkout(repo: Path) -> bool:
     """A git work tree whose top is `repo` itself: a snapshot inside a checkout's runs/
     folder is not one (git would answer for the checkout around it)."""
-    top = _git(repo, "rev-parse", "--show-toplevel")
+    top = git(repo, "rev-parse", "--show-toplevel")
     return top is not None and Path(top.decode().strip()).resolve() == repo.resolve()
 
 
 def untracked(repo: Path) -> list[str]:
     """Code git does not track yet (a new module, a new config), never what it ignores (data,
     runs, venvs) nor files of other kinds (a job's slurm-N.out, notes): those change no run."""
-    out = _git(repo, "ls-files", "-z", "--others", "--exclude-standard") or b""
+    out = git(repo, "ls-files", "-z", "--others", "--exclude-standard") or b""
     return sorted(n for n in out.decode().split("\0") if n.endswith(CODE_SUFFIXES))
 
 
 def diff_hash(repo: Path) -> str | None:
     """sha256 of the changes against HEAD: tracked files' diff, then each untracked file's
     name and bytes; None for a clean checkout."""
-    diff = _git(repo, "diff", "HEAD", "--binary") or b""
+    diff = git(repo, "diff", "HEAD", "--binary") or b""
     extra = untracked(repo)
     if not diff and not extra:
         return None
@@ -61,7 +69,7 @@ def diff_hash(repo: Path) -> str | None:
 def from_git(repo: Path) -> dict | None:
     if not is_checkout(repo):
         return None
-    sha = _git(repo, "rev-parse", "HEAD")
+    sha = git(repo, "rev-parse", "HEAD")
     if sha is None:
         return None
     changes = diff_hash(repo)

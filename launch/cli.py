@@ -46,7 +46,6 @@ import dataclasses
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -175,13 +174,10 @@ def lock_sha256(src: Path) -> str:
 
 
 def image_argv(req: Request) -> list[str]:
-    sha = request.git_short_sha(ROOT)
-    full = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-    )
-    if sha is None or full.returncode != 0:
+    full = request.git(ROOT, "rev-parse", "HEAD")
+    if not full:
         raise UserError("the image records the git commit, but this is not a git checkout")
-    return render.image_build(req, full.stdout.strip(), lock_sha256(ROOT))
+    return render.image_build(req, full, lock_sha256(ROOT))
 
 
 def render_target(req: Request, target: str) -> list[str] | str:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine import catalog
+from engine import catalog, codeid
 from engine.config import ConfigError
 from engine.rundir import decide_run_name
 from launch import container
@@ -135,14 +135,8 @@ def check_gpus_visible(label: str, gpus: int, dry: bool) -> tuple[str, ...]:
 
 
 def git(src: Path, *words: str) -> str | None:
-    """`git -C src WORDS`'s output, or None where git or the history is missing."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(src), *words], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    """`git WORDS`'s output in src, or None where git or the history is missing."""
+    return codeid.git_text(src, *words)
 
 
 def git_short_sha(src: Path) -> str | None:

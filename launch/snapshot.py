@@ -26,7 +26,6 @@ import os
 import posixpath
 import shutil
 import stat
-import subprocess
 import time
 from pathlib import Path
 
@@ -88,10 +87,10 @@ def write_frozen(req: Request, config: str) -> Path | None:
 def files(src: Path) -> list[str]:
     """The checkout's files to copy, relative to it."""
     if codeid.is_checkout(src):
-        out = subprocess.run(
-            ["git", "ls-files", "-z", "--cached"], cwd=src, capture_output=True, check=True
-        ).stdout.decode()
-        names = [n for n in out.split("\0") if n] + codeid.untracked(src)
+        out = codeid.git(src, "ls-files", "-z", "--cached")
+        if out is None:
+            raise UserError(f"git could not list the files of {src}; check `git status` there")
+        names = [n for n in out.decode().split("\0") if n] + codeid.untracked(src)
     else:
         names = [
             str(p.relative_to(src))

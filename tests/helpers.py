@@ -171,6 +171,7 @@ TORCH_FREE_ENGINE = (
     "redact.py",
     "preempt.py",
     "codeid.py",
+    "hardware_keys.py",  # the names of the facts that change bits (launch.hardware)
 )
 
 

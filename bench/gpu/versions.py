@@ -13,6 +13,7 @@ import torch
 import torchvision
 
 from bench.gpu.harness import REPO, cpu_count
+from engine import codeid
 
 
 def versions(device: torch.device) -> dict:
@@ -69,13 +70,7 @@ def nvidia_driver() -> str | None:
 
 def git(*args: str) -> str | None:
     """git's output in the repository, None where git or the checkout is missing."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return codeid.git_text(REPO, *args)
 
 
 def git_state() -> tuple[str | None, bool | None]:

@@ -6,6 +6,7 @@ does not need them should not pay), and the line says which."""
 
 import ast
 import io
+import re
 import tokenize
 from pathlib import Path
 
@@ -52,3 +53,27 @@ def test_the_check_finds_an_unexplained_import(tmp_path):
     )
     assert imports_inside_functions(planted) == [2, 6, 10]
     assert unexplained(planted) == [2]
+
+
+GIT_CALL = re.compile(r"""\[\s*["']git["']""")  # an argv that starts with git
+
+
+def git_callers(root: Path) -> list[str]:
+    return sorted(
+        str(path.relative_to(root))
+        for package in PACKAGES
+        for path in (root / package).rglob("*.py")
+        if GIT_CALL.search(path.read_text())
+    )
+
+
+def test_git_runs_from_one_module():
+    """engine.codeid runs git for everyone (the code's identity, launch's commit and file
+    list, the benchmarks' records): one timeout, one answer where git is missing."""
+    assert git_callers(ROOT) == ["engine/codeid.py"]
+
+
+def test_the_check_finds_a_second_git_caller(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "a.py").write_text('subprocess.run(["git", "status"])\n')
+    assert git_callers(tmp_path) == ["engine/a.py"]
