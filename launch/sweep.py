@@ -37,7 +37,7 @@ from typing import Any
 from engine import rundir
 from engine.redact import redact
 from engine.rundir import decide_run_dir
-from launch import check, grid, render, request, snapshot
+from launch import check, grid, render, request, snapshot, watch
 from launch.errors import UserError
 from launch.render import Request
 from launch.runs import FINISHED, Member, read_json
@@ -242,13 +242,15 @@ def write_manifest(folder: Path, record: Mapping[str, Any]) -> None:
 
 
 def last_line(path: Path | None) -> str | None:
-    """The last non-empty line of a log (read from its last 64 KiB), or None."""
+    """The member's own last line in its log (read from its last 64 KiB), not srun's or
+    submitit's report that the task ended; None when there is none."""
     if path is None or not path.is_file():
         return None
     with path.open("rb") as f:
         f.seek(max(0, path.stat().st_size - 65536))
-        said = check.last_line(f.read().decode(errors="replace"))
-    return said[:300] or None
+        text = f.read().decode(errors="replace")
+    own = "\n".join(line for line in text.splitlines() if not watch.WRAPPER_LINE.match(line))
+    return check.last_line(own)[:300] or None
 
 
 def live_jobs(attempts: Mapping[str, Mapping]) -> set[str] | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import scipy.stats
 
-from launch import grid, runs
+from launch import grid, runs, sweep
 from launch.analysis import cells, stats
 from launch.errors import UserError
 from tests import helpers
@@ -291,6 +291,18 @@ def test_a_failed_member_is_listed_with_its_last_line_and_a_rerun_runs_only_it(c
     again = launch_sweep(checkout, SEEDS="2", ARGS=GRID)
     assert again.returncode == 0, again.stderr
     assert ran(again) == [failing]
+
+
+def test_a_stopped_members_line_is_its_own_not_sruns_report_that_it_ended(tmp_path):
+    log = tmp_path / "5_0_0_log.err"
+    log.write_text(
+        "step 540/880 epoch 25 loss 0.0100\n"
+        "stopped at step 540 (preempted: SIGTERM); checkpoint saved\n"
+        "srun: error: node1: task 0: Exited with exit code 75\n"
+        "submitit WARNING (2026-12-06 14:40:01) - Bypassing signal SIGCONT\n"
+    )
+    assert sweep.last_line(log) == "stopped at step 540 (preempted: SIGTERM); checkpoint saved"
+    assert sweep.last_line(tmp_path / "missing.err") is None
 
 
 @pytest.mark.slow
