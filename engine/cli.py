@@ -94,8 +94,9 @@ checkpoint saved (rerun the same command to resume)."""
 
 
 @dataclass
-class Request:
-    """What the command line asks for."""
+class EngineRequest:
+    """What the engine's command line asks of this process (launch's side is
+    launch.render.LaunchRequest)."""
 
     recipe: str  # "" only with --help
     config: str = ""  # a variant's name or a config file's path (catalog.is_config_file)
@@ -192,7 +193,7 @@ def _counts(flag: str, text: str | None) -> tuple[int, ...]:
     return tuple(_count(flag, part, least=1) for part in text.split(","))
 
 
-def parse_argv(argv: list[str]) -> Request:
+def parse_argv(argv: list[str]) -> EngineRequest:
     """The request, or a ConfigError of one line. With --help every other word is ignored,
     but a flag's missing or bad value is still refused."""
     flags, args = _parser().parse_known_args(argv)
@@ -211,7 +212,7 @@ def parse_argv(argv: list[str]) -> Request:
     if evaluate and not config:  # a run's checkpoint is scored with that run's request
         config = _run_config(evaluate, args[0] if named else "")
     recipe = args.pop(0) if named else _recipe_of(config, wants_help)
-    request = Request(recipe, config, args, spawn, check, flags.data_here, flags.print_config)
+    request = EngineRequest(recipe, config, args, spawn, check, flags.data_here, flags.print_config)
     request.help, request.help_all = wants_help, flags.help_all
     request.evaluate, request.ema, request.out = evaluate, flags.ema, out
     request.make_shards = flags.make_shards
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def load(request: Request) -> tuple[C.Config, Recipe]:
+def load(request: EngineRequest) -> tuple[C.Config, Recipe]:
     """The config the request runs with: W&B's variables go before the command line's
     overrides, which win. A saved config names the run it came from: rerunning it starts a
     new run rather than resume or replace that one (said once), unless run.name is given."""
@@ -287,7 +288,7 @@ def load(request: Request) -> tuple[C.Config, Recipe]:
     return loaded
 
 
-def saved_run_name(request: Request) -> str:
+def saved_run_name(request: EngineRequest) -> str:
     """The run.name a config file sets, unless the command line sets one; "" for none."""
     if not catalog.is_config_file(request.config):
         return ""
@@ -298,7 +299,7 @@ def saved_run_name(request: Request) -> str:
     return name if isinstance(name, str) else ""
 
 
-def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
+def check_or_print(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
     """--check N: the checks a launch of N processes makes first; --print-config: the config.
     Neither writes anything."""
     if request.check:
@@ -317,7 +318,7 @@ def check_or_print(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     return 0
 
 
-def make_shards(request: Request, cfg: C.Config, recipe: Recipe) -> int:
+def make_shards(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
     """--make-shards: the recipe's data as shards, written here (one process, no run)."""
     if recipe.make_shards is None:
         raise C.ConfigError(
@@ -328,7 +329,7 @@ def make_shards(request: Request, cfg: C.Config, recipe: Recipe) -> int:
     return 0
 
 
-def run(request: Request, cfg: C.Config, recipe: Recipe) -> int:
+def run(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
     denv = D.read_env()  # a half-set environment is a user error too
     spawn = request.spawn
     preflight(cfg, spawn if spawn > 1 else denv.world_size, training=not request.evaluate)

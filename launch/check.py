@@ -15,13 +15,13 @@ from types import ModuleType
 
 from launch import render
 from launch.errors import UserError
-from launch.render import Request
+from launch.render import LaunchRequest
 from launch.request import ROOT
 
 CHECK_TIMEOUT_S = 600  # importing torch on a slow shared filesystem can take minutes
 
 
-def check_argv(req: Request, data_here: bool, resolved: bool = False) -> list[str]:
+def check_argv(req: LaunchRequest, data_here: bool, resolved: bool = False) -> list[str]:
     """The engine's check; data_here: this machine runs it, so its data must be here too
     (otherwise a data location this machine cannot see may be the compute nodes'); resolved:
     it prints the config it checked (--print-config), which a submission freezes."""
@@ -47,7 +47,7 @@ def run_check(argv: list[str], stdin: str | None = None) -> tuple[int, str, str]
     return done.returncode, done.stdout, done.stderr
 
 
-def engine_check(req: Request, data_here: bool = False, resolved: bool = False) -> str:
+def engine_check(req: LaunchRequest, data_here: bool = False, resolved: bool = False) -> str:
     """The request's config resolved and checked by the engine for each world size the run
     may take, and its data where this machine can see it; resolved: returns that config's
     text (what the run saves as config.yaml)."""
@@ -60,7 +60,7 @@ def engine_check(req: Request, data_here: bool = False, resolved: bool = False) 
     raise UserError(f"{said} (config checked {where}; nothing was started)", code=2)
 
 
-def resolved_configs(reqs: list[Request]) -> list[str]:
+def resolved_configs(reqs: list[LaunchRequest]) -> list[str]:
     """Each request's resolved config (what --print-config prints), in one engine process:
     a sweep's members frozen without a torch start-up each (engine.resolved)."""
     if not reqs:

@@ -56,7 +56,7 @@ from engine.rundir import run_config_of
 from launch import check, remote, render, request, snapshot, watch
 from launch.analysis import compare, publish, report, reproduce, sweep
 from launch.errors import UserError, printable
-from launch.render import Request
+from launch.render import LaunchRequest
 from launch.request import ROOT, SLURM_FLAGS
 
 # A command's handler: (its parsed arguments, the environment, argv as given) -> exit code.
@@ -173,14 +173,14 @@ def lock_sha256(src: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def image_argv(req: Request) -> list[str]:
+def image_argv(req: LaunchRequest) -> list[str]:
     full = request.git(ROOT, "rev-parse", "HEAD")
     if not full:
         raise UserError("the image records the git commit, but this is not a git checkout")
     return render.image_build(req, full, lock_sha256(ROOT))
 
 
-def render_target(req: Request, target: str) -> list[str] | str:
+def render_target(req: LaunchRequest, target: str) -> list[str] | str:
     if target == "sbatch":
         return render.sbatch_script(req)
     if target == "image":
@@ -188,7 +188,7 @@ def render_target(req: Request, target: str) -> list[str] | str:
     return render.TARGETS[target](req)
 
 
-def rendered(req: Request, target: str) -> list[str] | str:
+def rendered(req: LaunchRequest, target: str) -> list[str] | str:
     try:
         return render_target(req, target)
     except ValueError as e:
@@ -232,7 +232,7 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -
     execute(out)
 
 
-def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -> Request:
+def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -> LaunchRequest:
     """The request a run target renders: make eval's with the run's config and its flags, a
     batch script's and pyxis's srun's with the snapshot of the code they run when SLURM
     starts them."""

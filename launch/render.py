@@ -1,4 +1,4 @@
-"""Pure rendering: a Request in, an argv list (or an sbatch script) out.
+"""Pure rendering: a LaunchRequest in, an argv list (or an sbatch script) out.
 
 Nothing here reads the environment, touches the filesystem or starts a process; the CLI
 resolves every default first. Each function returns the exact argv that runs, and
@@ -73,8 +73,9 @@ class Docker:
 
 
 @dataclass(frozen=True)
-class Request:
-    """One launch, fully resolved: every field is a value, never 'auto'."""
+class LaunchRequest:
+    """One launch, fully resolved: every field is a value, never 'auto' (the engine's side,
+    one process's command line, is engine.cli.EngineRequest)."""
 
     recipe: str
     run_name: str
@@ -145,7 +146,7 @@ def override_keys(overrides: tuple[str, ...]) -> set[str]:
     return {o.partition("=")[0] for o in overrides}
 
 
-def engine_args(req: Request) -> list[str]:
+def engine_args(req: LaunchRequest) -> list[str]:
     """Arguments of `engine.train`: the recipe and its variant, what launch adds, then the
     user's overrides; for a submission, its frozen config and run name alone."""
     if req.frozen:  # every layer is in the file; a config file's run.name is dropped unless given
@@ -159,7 +160,7 @@ def engine_args(req: Request) -> list[str]:
     return [req.recipe, *added, *req.engine_flags, *req.overrides]
 
 
-def flight_recorder_env(req: Request) -> dict[str, str]:
+def flight_recorder_env(req: LaunchRequest) -> dict[str, str]:
     """The flight recorder's settings where NCCL may run (GPUs, several processes), else none."""
     if not req.gpus or max(req.world_sizes) < 2:
         return {}
@@ -167,7 +168,7 @@ def flight_recorder_env(req: Request) -> dict[str, str]:
     return {**FLIGHT_RECORDER, "TORCH_FR_DUMP_TEMP_FILE": dump}
 
 
-def flight_recorder_items(req: Request) -> list[str]:
+def flight_recorder_items(req: LaunchRequest) -> list[str]:
     return [f"{k}={v}" for k, v in flight_recorder_env(req).items()]
 
 
@@ -175,12 +176,12 @@ def _env(items: list[str]) -> list[str]:
     return ["env", *items] if items else []
 
 
-def is_one_process(req: Request) -> bool:
+def is_one_process(req: LaunchRequest) -> bool:
     """One engine process and nothing around it: no torchrun, no restarts."""
     return req.most_nodes == 1 and req.procs_per_node == 1 and not req.max_restarts
 
 
-def engine_command(req: Request, python: str) -> list[str]:
+def engine_command(req: LaunchRequest, python: str) -> list[str]:
     """The command one node runs: plain python, torchrun standalone, or multi-node torchrun.
 
     torchrun is started as `python -m engine.torchrun`: torch.distributed.run's main (what
@@ -224,15 +225,15 @@ def engine_command(req: Request, python: str) -> list[str]:
     ]
 
 
-def local(req: Request) -> list[str]:
+def local(req: LaunchRequest) -> list[str]:
     return engine_command(req, req.python)
 
 
-def _host(req: Request, path: str) -> str:
+def _host(req: LaunchRequest, path: str) -> str:
     return path if posixpath.isabs(path) else posixpath.join(req.src, path)
 
 
-def code_environment(req: Request) -> dict[str, str]:
+def code_environment(req: LaunchRequest) -> dict[str, str]:
     """What a job's processes need to run its snapshot of the code (launch.snapshot) from
     the checkout as working directory; empty: it runs the checkout's code."""
     if not req.code:
@@ -244,13 +245,13 @@ def code_environment(req: Request) -> dict[str, str]:
     }
 
 
-def job_exports(req: Request) -> list[str]:
+def job_exports(req: LaunchRequest) -> list[str]:
     """A batch script's export lines: the code snapshot's, then the flight recorder's."""
     recorder = [f"export {k}={shlex.quote(v)}" for k, v in flight_recorder_env(req).items()]
     return [*code_exports(req), *recorder]
 
 
-def code_exports(req: Request) -> list[str]:
+def code_exports(req: LaunchRequest) -> list[str]:
     """code_environment() as lines of a batch script, each value quoted."""
     if not req.code:
         return []
@@ -258,7 +259,7 @@ def code_exports(req: Request) -> list[str]:
     return [f"# the code as submitted: {_one_line('code', req.code)}/ (its CODE.json)", *exports]
 
 
-def _runs_mount(req: Request) -> tuple[str, str] | None:
+def _runs_mount(req: LaunchRequest) -> tuple[str, str] | None:
     """The runs folder's own mount, needed only outside the checkout: an absolute run.root
     (the same path inside) or a relative one that climbs out of it (`../runs`). Any other
     relative run.root lies inside the mounted checkout already."""
@@ -272,14 +273,14 @@ def _runs_mount(req: Request) -> tuple[str, str] | None:
     return host, posixpath.normpath(posixpath.join(WORKDIR, inside))
 
 
-def _mounts(req: Request) -> list[tuple[str, str]]:
+def _mounts(req: LaunchRequest) -> list[tuple[str, str]]:
     """The checkout at /workspace, the data root at /data, and the runs folder where it is
     not inside the checkout, each once."""
     runs = _runs_mount(req)
     return [(req.src, WORKDIR), (_host(req, req.data), DATA_MOUNT), *([runs] if runs else [])]
 
 
-def passed_env(req: Request) -> list[str]:
+def passed_env(req: LaunchRequest) -> list[str]:
     """The names docker passes through (`-e NAME`): PASSTHROUGH_ENV and the request's own,
     sorted, each once. A name with a value in it (`NAME=value`) is refused: it would be shown."""
     for name in req.passthrough_env:
@@ -288,7 +289,7 @@ def passed_env(req: Request) -> list[str]:
     return sorted({*PASSTHROUGH_ENV, *req.passthrough_env})
 
 
-def docker_run(req: Request) -> list[str]:
+def docker_run(req: LaunchRequest) -> list[str]:
     """`docker run` of the engine command in the image (python on PATH, WORKDIR /workspace),
     with NVIDIA's settings for PyTorch: the host's IPC namespace; with GPUs or several nodes,
     unlimited locked memory and a 64 MiB stack; /dev/infiniband where the host has it.
@@ -313,7 +314,7 @@ def docker_run(req: Request) -> list[str]:
     return [*argv, req.image, *engine_command(req, "python")]
 
 
-def run_network(req: Request) -> str:
+def run_network(req: LaunchRequest) -> str:
     """docker run's network: the host's on several nodes (torchrun's rendezvous must reach
     the other nodes), else DOCKER_NETWORK's, else docker's default."""
     if req.most_nodes > 1:
@@ -326,7 +327,7 @@ def run_network(req: Request) -> str:
     return req.docker.network
 
 
-def job_options(req: Request) -> dict[str, object]:
+def job_options(req: LaunchRequest) -> dict[str, object]:
     """What the job asks SLURM for, by sbatch's option names with '_' for '-' (submitit's
     parameter names too): pyxis's srun, the batch script and submitit share it."""
     s = req.slurm
@@ -348,17 +349,17 @@ def job_options(req: Request) -> dict[str, object]:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def step_options(req: Request) -> list[str]:
+def step_options(req: LaunchRequest) -> list[str]:
     """srun's options for the job's step: the tasks per node of a node range, on however
     many nodes the job was given."""
     return [f"--ntasks-per-node={req.procs_per_node}"] if req.elastic else []
 
 
-def _srun_options(req: Request) -> list[str]:
+def _srun_options(req: LaunchRequest) -> list[str]:
     return [f"--{k.replace('_', '-')}={v}" for k, v in job_options(req).items()]
 
 
-def pyxis(req: Request) -> list[str]:
+def pyxis(req: LaunchRequest) -> list[str]:
     """srun with the pyxis plugin: one task per GPU (or per CPU process), one container each;
     the engine takes its rank from the SLURM variables."""
     mounts = ",".join(f"{host}:{inside}" for host, inside in _mounts(req))
@@ -378,7 +379,7 @@ def pyxis(req: Request) -> list[str]:
     ]
 
 
-def container_env(req: Request) -> list[str]:
+def container_env(req: LaunchRequest) -> list[str]:
     """srun --export's NAME=value items: the code snapshot's and the flight recorder's."""
     recorder = flight_recorder_items(req)
     if any("," in item for item in recorder):
@@ -386,7 +387,7 @@ def container_env(req: Request) -> list[str]:
     return [*container_code_env(req), *recorder]
 
 
-def container_code_env(req: Request) -> list[str]:
+def container_code_env(req: LaunchRequest) -> list[str]:
     """NAME=value items that make a container import the job's snapshot of the code, found
     through the mounts (it lies in the run directory); none without a snapshot."""
     if not req.code:
@@ -402,7 +403,7 @@ def container_code_env(req: Request) -> list[str]:
     raise ValueError(f"the code snapshot {host} is outside every mount of the container")
 
 
-def apptainer(req: Request) -> list[str]:
+def apptainer(req: LaunchRequest) -> list[str]:
     """`apptainer exec` of the engine command in the SIF (the caller's environment, secrets
     included, passes through by apptainer's default; nothing is written on the line)."""
     binds = ",".join(f"{host}:{inside}" for host, inside in _mounts(req))
@@ -413,7 +414,7 @@ def apptainer(req: Request) -> list[str]:
     return [*argv, *engine_command(req, "python")]
 
 
-def image_build(req: Request, git_sha: str, lock_sha256: str) -> list[str]:
+def image_build(req: LaunchRequest, git_sha: str, lock_sha256: str) -> list[str]:
     """`docker build` under BuildKit (the Dockerfile mounts secrets), with the provenance
     build arguments and, where given, the site's base image, network and pip secrets."""
     d = req.docker
@@ -445,7 +446,7 @@ def build_secrets(d: Docker) -> list[str]:
     return secrets
 
 
-def sif_build(req: Request) -> list[str]:
+def sif_build(req: LaunchRequest) -> list[str]:
     return ["apptainer", "build", "--force", req.sif, f"docker-daemon://{req.image}"]
 
 
@@ -461,7 +462,7 @@ def guarded(setup: tuple[str, ...]) -> list[str]:
     ]
 
 
-def slurm_log_dir(req: Request) -> str:
+def slurm_log_dir(req: LaunchRequest) -> str:
     return posixpath.join(req.run_dir, "slurm")
 
 
@@ -478,7 +479,7 @@ def _directive(key: str, value: object) -> str:
     return f"#SBATCH --{key}={shlex.quote(_one_line(f'--{key}', str(value)))}"
 
 
-def sbatch_script(req: Request) -> str:
+def sbatch_script(req: LaunchRequest) -> str:
     """A batch script for people who submit by hand (`sbatch FILE`): one srun task per GPU
     (or per CPU process), ranks from SLURM variables, requeued when the engine exits 75."""
     s = req.slurm

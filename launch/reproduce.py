@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import yaml
 
 from engine.catalog import RESULTS_FILE
+from engine.rundir import decide_run_name
 from launch import render, request
 from launch.errors import UserError
 
@@ -82,11 +82,11 @@ def with_results(env: Mapping[str, str]) -> list[str]:
 
 def requests(claims: Claims, args: argparse.Namespace, env: Mapping[str, str]):
     """Each claim's request exactly as recorded, as a new run under runs/reproduce/."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     env = {k: v for k, v in env.items() if k not in ("ARGS", "CONFIG", "RECIPE")}
     reqs = []
     for i, claim in enumerate(claims.claims):
-        own = [f"run.root={RUN_ROOT}", f"run.name={stamp}-{claims.recipe}-{i}"]
+        name = decide_run_name("", claims.recipe, f"claim{i}")  # the one naming rule
+        own = [f"run.root={RUN_ROOT}", f"run.name={name}"]
         asked = argparse.Namespace(**{**vars(args), "recipe": claims.recipe,
                                       "config": claims.config or None,
                                       "overrides": [*claim.overrides, *own]})  # fmt: skip

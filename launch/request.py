@@ -1,4 +1,4 @@
-"""From a command's flags, the environment and the recipe's config to one render.Request.
+"""From a command's flags, the environment and the recipe's config to one render.LaunchRequest.
 
 The config is the engine's: launch never reads a recipe's YAML itself. A request's variables
 that are config keys (SLURM's PARTITION, TIME_MIN, ...; GPUS and NODES for a SLURM job) become
@@ -26,7 +26,7 @@ from engine.config import ConfigError
 from engine.rundir import decide_run_name
 from launch import container
 from launch.errors import UserError
-from launch.render import Request, Slurm
+from launch.render import LaunchRequest, Slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
@@ -477,7 +477,7 @@ def check_node_range(node_text: str, target: str) -> None:
         )
 
 
-def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> Request:
+def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> LaunchRequest:
     variant = config_argument(args.config or env.get("CONFIG") or "")
     recipe = recipe_name(args, env, variant)
     user = parse_overrides(env.get("ARGS", ""), args.overrides)
@@ -511,7 +511,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
             picked[0], gpus, args.command == "render" or is_dry(args, env)
         )
     docker = container.docker_settings(env, target)
-    return Request(
+    return LaunchRequest(
         recipe=recipe,
         device=device,
         run_name=decide_run_name(name or "", recipe, recorded_variant),

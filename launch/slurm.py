@@ -39,7 +39,7 @@ from submitit.core import utils as submitit_utils
 from engine import preempt
 from launch import render, snapshot, watch
 from launch.errors import UserError
-from launch.render import PREEMPTED, Request
+from launch.render import PREEMPTED, LaunchRequest
 
 
 class EngineJob(submitit.helpers.Checkpointable):
@@ -118,14 +118,14 @@ def requeue(job_id: str) -> None:
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
 
 
-def setup_lines(req: Request) -> list[str]:
+def setup_lines(req: LaunchRequest) -> list[str]:
     lines = [*render.guarded(req.slurm.setup), *render.job_exports(req)]
     if req.slurm.cpus_per_task:  # srun does not inherit --cpus-per-task (Slurm >= 22.05)
         lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')
     return lines
 
 
-def executor_parameters(req: Request) -> dict[str, Any]:
+def executor_parameters(req: LaunchRequest) -> dict[str, Any]:
     """SlurmExecutor.update_parameters keywords (sbatch's own names) for a request."""
     params: dict[str, Any] = {
         "job_name": req.run_name,
@@ -153,20 +153,20 @@ class Executor(submitit.SlurmExecutor):
         return fewest * max(1, self.parameters.get("ntasks_per_node") or 1)
 
 
-def engine_job(req: Request, environ: dict[str, str] | None = None) -> EngineJob:
+def engine_job(req: LaunchRequest, environ: dict[str, str] | None = None) -> EngineJob:
     # engine_args()[0] is the recipe; run.name is in the args, so a requeue keeps the run.
     args = render.engine_args(req)[1:]
     code = render.code_environment(req).get("PYTHONPATH", "")
     return EngineJob(req.recipe, args, req.src, req.slurm.max_requeues, environ, code)
 
 
-def executor(req: Request, folder: Path, **extra: Any) -> Executor:
+def executor(req: LaunchRequest, folder: Path, **extra: Any) -> Executor:
     ex = Executor(folder=folder)
     ex.update_parameters(**{**executor_parameters(req), **extra})
     return ex
 
 
-def job_folder(req: Request) -> Path:
+def job_folder(req: LaunchRequest) -> Path:
     return Path(req.src) / render.slurm_log_dir(req)
 
 
@@ -189,7 +189,7 @@ def array_limit(parallel: int | None) -> dict[str, Any]:
     return {"array_parallelism": parallel} if parallel else {}
 
 
-def dry_run(reqs: list[Request], folder: Path, name: str, parallel: int | None = None) -> str:
+def dry_run(reqs: list[LaunchRequest], folder: Path, name: str, parallel: int | None = None) -> str:
     """What `submit` (one request) or a sweep (one array) would submit: submitit's script,
     then, as comments, the command each task runs in-process from its pickled job."""
     ex = executor(reqs[0], folder, job_name=name, **array_limit(parallel))
@@ -266,7 +266,7 @@ def partition_nodes(partition: str | None) -> tuple[str, dict[str, tuple[int, in
 LIMITS = "`sinfo -N -o '%N %P %c %m'` lists each node's partition, CPUs and memory (MB)"
 
 
-def check_fits(req: Request) -> None:
+def check_fits(req: LaunchRequest) -> None:
     """A request the partition can never satisfy (more nodes than it has, more CPUs or memory
     than its largest node) is refused here, with its limits: SLURM would keep it queued for
     ever, or refuse it with a message that misleads."""
@@ -339,7 +339,7 @@ def submitted(submit_call, *run_dirs: Path):
         raise
 
 
-def describe(job: Any, req: Request) -> str:
+def describe(job: Any, req: LaunchRequest) -> str:
     size = f"{render.job_options(req)['nodes']} node(s) x {req.procs_per_node} task(s)"
     size += f", {req.gpus} GPU(s) per node" if req.gpus else ", CPU"
     return "\n".join(
@@ -354,7 +354,7 @@ def describe(job: Any, req: Request) -> str:
     )
 
 
-def submit(req: Request, config: str) -> int:
+def submit(req: LaunchRequest, config: str) -> int:
     """Queues the request, its code snapshot and its frozen config (`config`, the engine's
     resolved text) written first, under the run directory."""
     require_sbatch()
@@ -375,7 +375,7 @@ def submit(req: Request, config: str) -> int:
 
 
 def submit_array(
-    reqs: list[Request],
+    reqs: list[LaunchRequest],
     configs: list[str],
     folder: Path,
     name: str,

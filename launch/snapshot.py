@@ -31,7 +31,7 @@ from pathlib import Path
 
 from engine import codeid, rundir
 from launch.errors import UserError
-from launch.render import Request
+from launch.render import LaunchRequest
 
 FOLDER = rundir.CODE_FOLDER  # under the run directory (engine.rundir names what is there)
 REQUEST_FOLDER = rundir.REQUEST_FOLDER  # its submissions' frozen configs
@@ -50,7 +50,7 @@ def name_of(code: dict) -> str:
     return f"{commit}-{changes[:8]}" if changes else commit
 
 
-def attach(req: Request, base: str | None = None) -> Request:
+def attach(req: LaunchRequest, base: str | None = None) -> LaunchRequest:
     """The request with the snapshot it runs from: `<base>/code/<name>`, base being its run
     directory (or a sweep's folder), relative to the checkout or absolute. Only reads git: a
     dry run shows the folder a submission would write."""
@@ -59,7 +59,7 @@ def attach(req: Request, base: str | None = None) -> Request:
     return dataclasses.replace(req, code=folder)
 
 
-def freeze(req: Request, config: str) -> Request:
+def freeze(req: LaunchRequest, config: str) -> LaunchRequest:
     """The request reading `config` (the engine's resolved text) from its frozen file,
     `<run dir>/request/<sha256 12>.yaml`: the same config, the same file. Writes nothing: a
     dry run shows the path a submission writes."""
@@ -68,7 +68,7 @@ def freeze(req: Request, config: str) -> Request:
     return dataclasses.replace(req, frozen=path)
 
 
-def write_frozen(req: Request, config: str) -> Path | None:
+def write_frozen(req: LaunchRequest, config: str) -> Path | None:
     """The frozen config file of a request (freeze), whole or not at all, read-only; None for
     a request not frozen."""
     if not req.frozen:
@@ -101,7 +101,7 @@ def files(src: Path) -> list[str]:
     return sorted(n for n in keep if (src / n).is_file() or (src / n).is_symlink())
 
 
-def take(req: Request) -> Path:
+def take(req: LaunchRequest) -> Path:
     """Copies the checkout to the request's snapshot folder (once: the same code, the same
     folder) and returns it. Written under a temporary name and renamed, so a folder that
     exists is whole."""

@@ -39,7 +39,7 @@ from engine.redact import redact
 from engine.rundir import decide_run_dir
 from launch import check, grid, render, request, snapshot, watch
 from launch.errors import UserError
-from launch.render import Request
+from launch.render import LaunchRequest
 from launch.runs import FINISHED, Member, read_json
 
 MANIFEST = "sweep.json"
@@ -60,12 +60,12 @@ class Planned:
 
     cell: grid.Cell
     seed: int
-    req: Request
+    req: LaunchRequest
 
 
 @dataclass
 class Plan:
-    req: Request  # the sweep's own: run_name is the sweep's name
+    req: LaunchRequest  # the sweep's own: run_name is the sweep's name
     grid: grid.Grid
     seeds: int
     parallel: int | None
@@ -102,7 +102,7 @@ def pick_int(args_value, flag: str, env: Mapping[str, str], var: str, fix: str) 
     return request.whole(*picked, 1, fix) if picked else None
 
 
-def sweep_name(req: Request, the_grid: grid.Grid, given: str | None) -> str:
+def sweep_name(req: LaunchRequest, the_grid: grid.Grid, given: str | None) -> str:
     """ARGS' run.name, else the sweep file's name:, else a new time-stamped name."""
     if the_grid.name is not None:
         if not request.RUN_NAME.fullmatch(the_grid.name):
@@ -131,7 +131,7 @@ def recorded_seeds(folder: Path) -> int | None:
     return old.get("seeds") if old and isinstance(old.get("seeds"), int) else None
 
 
-def members(req: Request, the_grid: grid.Grid, seeds: int) -> list[Planned]:
+def members(req: LaunchRequest, the_grid: grid.Grid, seeds: int) -> list[Planned]:
     """Seed-major: every cell's seed 0, then every cell's seed 1, ..."""
     planned = []
     for seed in range(seeds):
@@ -380,7 +380,7 @@ def run_local(
 # ---------------------------------------------------------------- SLURM
 
 
-def frozen_array(plan: Plan, todo: list[Planned]) -> tuple[list[Request], list[str]]:
+def frozen_array(plan: Plan, todo: list[Planned]) -> tuple[list[LaunchRequest], list[str]]:
     """(each member's request with the one snapshot of the code the array runs from, in the
     sweep's folder, and its own frozen config in its run directory; those configs' texts)
     (launch.snapshot)."""
@@ -415,7 +415,7 @@ def run_slurm(
     write_manifest(plan.folder, record)
 
 
-def wait_for_array(plan: Plan, reqs: list[Request], jobs: list[Any]) -> None:
+def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> None:
     """Until no task of the array is queued or running, asked of squeue, which needs no
     accounting database. submitit's own wait asks sacct: without slurmdbd it warns at every
     poll, and a task that ended without a result file (stopped, preempted for good) keeps
@@ -584,7 +584,7 @@ def launch_members(
     return record, stopped
 
 
-def replay(record: Mapping[str, Any], req: Request, folder: Path) -> Plan:
+def replay(record: Mapping[str, Any], req: LaunchRequest, folder: Path) -> Plan:
     """The plan a sweep.json records (its grid rebuilt from the identity)."""
     ident = record.get("identity") or {}
     axes = tuple(

@@ -53,7 +53,7 @@ DEADLINE_S = 240
 def agent_command(root, port: int) -> list[str]:
     """What `make train NODES=1:3 GPUS=0 RDZV_ENDPOINT=...` runs on each node, with the
     test's overrides and shorter rendezvous timings."""
-    request = render.Request(
+    request = render.LaunchRequest(
         recipe="digits",
         run_name="elastic",
         nodes=1,

@@ -9,7 +9,7 @@ import pytest
 
 from engine import cli
 from engine import config as C
-from engine.cli import USAGE, Request
+from engine.cli import USAGE, EngineRequest
 from tests.helpers import REPO, engine_env
 
 
@@ -24,7 +24,7 @@ def test_the_lines_launch_renders_read_as_before():
     argv = ["digits", "--config", "v2", "device=cpu", "run.name=r", "--eval", "ck.pt", "--ema"]
     argv += ["--out", "o.json", "optim.lr=0.2", "train.epochs=5", "--check", "2,4", "--data-here"]
     overrides = ["device=cpu", "run.name=r", "optim.lr=0.2", "train.epochs=5"]
-    expected = Request("digits", "v2", overrides)
+    expected = EngineRequest("digits", "v2", overrides)
     expected.check, expected.data_here = (2, 4), True
     expected.evaluate, expected.ema, expected.out = "ck.pt", True, "o.json"
     assert cli.parse_argv(argv) == expected

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launch import render, slurm
-from launch.render import Request
+from launch.render import LaunchRequest
 from tests.helpers import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,9 +21,9 @@ ITEMS = [
 EXPORTS = [f"export {item}" for item in ITEMS]
 
 
-def req(**kw) -> Request:
+def req(**kw) -> LaunchRequest:
     base = dict(recipe="digits", run_name="RUN", python="py", src="/src", image="img:1")
-    return Request(**{**base, **kw})
+    return LaunchRequest(**{**base, **kw})
 
 
 def test_torchrun_on_gpus_sets_them_on_one_node_and_on_several():

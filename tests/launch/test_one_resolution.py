@@ -67,7 +67,7 @@ def saved(tmp_path_factory) -> dict[str, str]:
     return files
 
 
-def resolve(target: str, env: dict[str, str]) -> render.Request:
+def resolve(target: str, env: dict[str, str]) -> render.LaunchRequest:
     command, target_var = TARGETS[target]
     base = {"DRY_RUN": "1", "ALLOW_CPU": "1", "RDZV_ENDPOINT": "node1:29400"}
     env = {**base, **({"TARGET": target_var} if target_var else {}), **env}
@@ -75,7 +75,7 @@ def resolve(target: str, env: dict[str, str]) -> render.Request:
     return request.resolve(args, env, target=target)
 
 
-def engine_argv(req: render.Request, target: str) -> list[str]:
+def engine_argv(req: render.LaunchRequest, target: str) -> list[str]:
     """The engine's arguments exactly as the target would start it."""
     if target == "submit":
         job = slurm.engine_job(req)

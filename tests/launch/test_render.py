@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launch import cli, render
-from launch.render import Docker, Request, Slurm
+from launch.render import Docker, LaunchRequest, Slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = "/venv/bin/python"
@@ -16,11 +16,11 @@ INJECT = '"; rm -rf x"'  # must stay one inert argv element everywhere
 INJECT_KV = "note=$(touch pwned); `touch pwned2` ' \" \\ ;"
 
 
-def req(**kw) -> Request:
+def req(**kw) -> LaunchRequest:
     """A request as launch resolves it; GPUS=0 asks for device=cpu."""
     base = dict(recipe="digits", run_name="RUN", python=PY, src="/src", image="img:1")
     base["device"] = "cpu" if not kw.get("gpus") else ""
-    return Request(**{**base, **kw})
+    return LaunchRequest(**{**base, **kw})
 
 
 # NCCL's flight recorder, where NCCL may run (tests/launch/test_flight_recorder.py)
@@ -518,7 +518,7 @@ def hostile(field: str) -> str:
     return f"{field}-{PAYLOAD}"
 
 
-def hostile_request(**kw) -> Request:
+def hostile_request(**kw) -> LaunchRequest:
     """Every string a request carries holds the payload; `python` stays a program on PATH."""
     slurm = Slurm(
         **{k: hostile(k) for k in ("partition", "account", "qos", "constraint", "exclude")}
@@ -547,7 +547,7 @@ HOSTILE_DOCKER = Docker(
 
 
 def with_(**kw):
-    return lambda r: Request(**{**r.__dict__, **kw})
+    return lambda r: LaunchRequest(**{**r.__dict__, **kw})
 
 
 TARGETS = {

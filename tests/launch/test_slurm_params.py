@@ -17,7 +17,7 @@ from engine import preempt
 from engine.config import SlurmConfig
 from launch import render, request, slurm
 from launch.errors import UserError
-from launch.render import Request, Slurm
+from launch.render import LaunchRequest, Slurm
 from tests.helpers import copy_torch_free_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,10 +35,10 @@ FULL = Slurm(
 )
 
 
-def req(**kw) -> Request:
+def req(**kw) -> LaunchRequest:
     base = dict(recipe="digits", run_name="RUN", python="/venv/bin/python", src="/src")
     base["device"] = "cpu" if not kw.get("gpus") else ""  # GPUS=0 asks for device=cpu
-    return Request(**{**base, **kw})
+    return LaunchRequest(**{**base, **kw})
 
 
 def test_parameters_of_a_multi_node_gpu_job():

@@ -15,7 +15,7 @@ import pytest
 from engine import codeid
 from launch import render, snapshot
 from launch.errors import UserError
-from launch.render import Request
+from launch.render import LaunchRequest
 from tests import helpers
 from tests.helpers import git, git_checkout
 
@@ -31,8 +31,8 @@ def changed(repo: Path, text: str) -> None:
     path.write_text(path.read_text().split("\n# test edit")[0] + f"\n# test edit {text}\n")
 
 
-def request(repo: Path, name: str = "r") -> Request:
-    return snapshot.attach(Request(recipe="digits", run_name=name, src=str(repo)))
+def request(repo: Path, name: str = "r") -> LaunchRequest:
+    return snapshot.attach(LaunchRequest(recipe="digits", run_name=name, src=str(repo)))
 
 
 def test_a_snapshot_holds_the_code_as_it_is_and_never_data_runs_or_venvs(repo):
@@ -142,7 +142,7 @@ def test_a_dry_run_names_the_snapshot_and_writes_none_a_batch_script_writes_it(t
     ],
 )
 def test_pyxis_s_container_imports_the_snapshot_through_its_mounts(run_root, inside):
-    base = Request(recipe="digits", run_name="p", src="/ck", run_root=run_root)
+    base = LaunchRequest(recipe="digits", run_name="p", src="/ck", run_root=run_root)
     req = dataclasses.replace(base, code=f"{base.run_dir}/code/c0")
     (export,) = [a for a in render.pyxis(req) if a.startswith("--export=")]
     assert export.split(",")[2:] == [f"PYTHONPATH={inside}", "PYTHONSAFEPATH=1"]

@@ -77,3 +77,38 @@ def test_the_check_finds_a_second_git_caller(tmp_path):
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "a.py").write_text('subprocess.run(["git", "status"])\n')
     assert git_callers(tmp_path) == ["engine/a.py"]
+
+
+NAME_STAMP = re.compile(r"%Y%m%d-%H%M%S")  # the time stamp a new run's name starts with
+
+
+def stamping_functions(root: Path) -> list[str]:
+    """module:function of every function that writes a run-name time stamp (the benchmarks'
+    result files are not runs)."""
+    found = []
+    for package in ("engine", "launch", "recipes"):
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef) and NAME_STAMP.search(
+                    ast.get_source_segment(text, node) or ""
+                ):
+                    found.append(f"{path.relative_to(root)}:{node.name}")
+    return found
+
+
+def test_a_run_name_is_made_by_one_function():
+    """engine.rundir.decide_run_name names every new run (launch, the engine's --spawn and
+    ranks, make reproduce); the other stamp is the name a replaced run is moved aside to."""
+    assert stamping_functions(ROOT) == [
+        "engine/rundir.py:decide_run_name",
+        "engine/rundir.py:move_aside",
+    ]
+
+
+def test_the_check_finds_a_second_run_namer(tmp_path):
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "a.py").write_text(
+        "def name():\n    return time.strftime('%Y%m%d-%H%M%S') + '-digits'\n"
+    )
+    assert stamping_functions(tmp_path) == ["launch/a.py:name"]
