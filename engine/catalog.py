@@ -156,13 +156,41 @@ def load(name: str) -> Recipe:
 
 
 def load_config(name: str, overrides: list[str], config: str = "") -> tuple[Config, Recipe]:
-    """engine defaults < config.yaml < the variant's yaml or a config file < overrides.
-    `config`: a variant's name or a config file's path."""
+    """The resolution of a request: engine defaults < config.yaml < the variant's yaml or a
+    config file < overrides. `config`: a variant's name or a config file's path. Runs once
+    per launch (launch's check, or the one process it starts); the processes of a launch
+    read its result (read_resolved)."""
+    count_resolution()
     recipe_yaml = read_yaml(config_path(name))
     variant, layer = config_layer(name, config)
     recipe = load(name)
     sections = {"model": recipe.model_config, "data": recipe.data_config}
     return resolve(name, recipe_yaml, overrides, sections, variant, layer), recipe
+
+
+def read_resolved(name: str, path: str) -> tuple[Config, Recipe]:
+    """A config resolved before (a launch's frozen request, `--resolved FILE`): every key is
+    in the file, so it is read alone, with no layer under or over it, each key validated as
+    any config file's are."""
+    layer = read_config_file(path)
+    recorded = layer.get("recipe")
+    if recorded != name:
+        raise ConfigError(f"--resolved {path} is a config of recipe {recorded!r}, not of {name!r}")
+    variant = layer.get("variant") or ""
+    recipe = load(name)
+    sections = {"model": recipe.model_config, "data": recipe.data_config}
+    return resolve(name, {}, [], sections, variant, layer), recipe
+
+
+RESOLUTIONS_LOG = "RECIPES_RESOLUTIONS_LOG"  # tests: a file each resolution appends a line to
+
+
+def count_resolution() -> None:
+    """One line (the process id and its rank) per resolution, where the tests ask for it."""
+    log = os.environ.get(RESOLUTIONS_LOG)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} rank={os.environ.get('RANK', '-')}\n")
 
 
 def data_here(cfg: Config) -> Any:

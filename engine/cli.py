@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -52,7 +53,7 @@ from engine.weights import sources
 
 USAGE = (
     "usage: python -m engine.train RECIPE [--config VARIANT|FILE] [key=value ...] "
-    "[--spawn N | --check N[,M...] | --print-config | --eval PATH [--ema] [--out FILE] | "
+    "[--resolved FILE] [--spawn N | --check N[,M...] | --print-config | --eval PATH [--ema] [--out FILE] | "
     "--make-shards | --help]"
 )
 
@@ -66,6 +67,9 @@ options:
                       in .yaml/.yml): a config file, e.g. a run's saved config.yaml; it may
                       stand in for RECIPE. A saved run.name is dropped (a new run) unless
                       run.name=... is given again.
+  --resolved FILE     FILE is a config resolved before, whole (a launch's frozen request,
+                      <run dir>/request/<hash>.yaml): read alone, no layer under or over
+                      it, no --config and no key=value
   --spawn N           run N local processes (gloo on CPU, one GPU each on CUDA)
   --print-config      print the resolved config (what the run saves as config.yaml), then exit
   --check N[,M...]    resolve the config and check it for N processes, then exit; writes
@@ -105,6 +109,7 @@ class EngineRequest:
     check: tuple[int, ...] = ()  # check the config for these world sizes, then exit
     data_here: bool = False  # --check: missing data is an error, not "on another machine"
     print_config: bool = False
+    resolved: str = ""  # --resolved FILE: the whole config, resolved before (read, not layered)
     help: bool = False
     help_all: bool = False  # --help-all: test-only sections too
     evaluate: str = ""  # --eval PATH: score these weights, train nothing
@@ -129,7 +134,7 @@ SWITCHES = (
     ("--make-shards",),
 )
 # Value flags in the order their values are checked: the first problem found is the one told.
-VALUE_FLAGS = ("--eval", "--out", "--spawn", "--check", "--config")
+VALUE_FLAGS = ("--eval", "--out", "--spawn", "--check", "--config", "--resolved")
 _NO_VALUE = object()  # a value flag given last, or followed by a flag or a `--`
 
 
@@ -205,14 +210,21 @@ def parse_argv(argv: list[str]) -> EngineRequest:
     spawn = _count("--spawn", _value(flags, "--spawn"), least=0)
     check = _counts("--check", _value(flags, "--check"))
     config = _value(flags, "--config") or ""
+    resolved = _value(flags, "--resolved") or ""
     twice = [flag for flag in VALUE_FLAGS if len(_given(flags, flag)) > 1]
     if twice and not wants_help:
         raise C.ConfigError(f"{twice[0]} is given more than once; {USAGE}")
     named = bool(args) and not args[0].startswith("-") and "=" not in args[0]
-    if evaluate and not config:  # a run's checkpoint is scored with that run's request
+    if resolved and (config or args[1 if named else 0 :]):
+        raise C.ConfigError(
+            f"--resolved {resolved} is a whole config: give it alone after RECIPE (no --config "
+            "or key=value); to change a value, resolve the request again (make train ...)"
+        )
+    if evaluate and not config and not resolved:  # scored with its run's request
         config = _run_config(evaluate, args[0] if named else "")
-    recipe = args.pop(0) if named else _recipe_of(config, wants_help)
+    recipe = args.pop(0) if named else _recipe_of(config or resolved, wants_help)
     request = EngineRequest(recipe, config, args, spawn, check, flags.data_here, flags.print_config)
+    request.resolved = resolved
     request.help, request.help_all = wants_help, flags.help_all
     request.evaluate, request.ema, request.out = evaluate, flags.ema, out
     request.make_shards = flags.make_shards
@@ -274,6 +286,8 @@ def load(request: EngineRequest) -> tuple[C.Config, Recipe]:
     """The config the request runs with: W&B's variables go before the command line's
     overrides, which win. A saved config names the run it came from: rerunning it starts a
     new run rather than resume or replace that one (said once), unless run.name is given."""
+    if request.resolved:  # resolved once, by the launch that started this process
+        return catalog.read_resolved(request.recipe, request.resolved)
     saved_name = "" if request.evaluate else saved_run_name(request)
     unnamed = saved_name or request.evaluate  # scoring claims no run directory
     leading = [*(["run.name="] if unnamed else []), *wandb_env_overrides(os.environ)]
@@ -311,11 +325,16 @@ def check_or_print(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int
         if request.data_here and sources.wanted(cfg.model):
             sources.source_of(cfg.model)  # model.init_from or model.weights' cached file
     if request.print_config:
-        sys.stdout.write(redact(C.dump(cfg)))
+        sys.stdout.write(resolved_text(cfg))
     else:
         sizes = ", ".join(map(str, request.check))
         print(f"config ok for {' or '.join(sizes.rsplit(', ', 1))} processes")
     return 0
+
+
+def resolved_text(cfg: C.Config) -> str:
+    """The config as --print-config prints it and --resolved reads it back."""
+    return redact(C.dump(cfg))
 
 
 def make_shards(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
@@ -334,10 +353,7 @@ def run(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
     spawn = request.spawn
     preflight(cfg, spawn if spawn > 1 else denv.world_size, training=not request.evaluate)
     if spawn > 1:
-        head = [request.recipe, *(["--config", request.config] if request.config else [])]
-        head += request.eval_flags()
-        name = rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant)
-        return spawn_local(spawn, main, head, request.overrides, name)
+        return spawn_resolved(spawn, request, cfg)
     if request.evaluate:
         return score(cfg, recipe, Path(request.evaluate), request.ema, request.out)
     preempt.install_handlers()
@@ -345,6 +361,18 @@ def run(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
     if code == 0:
         preempt.finished()
     return code
+
+
+def spawn_resolved(n: int, request: EngineRequest, cfg: C.Config) -> int:
+    """--spawn N: N processes that read this one's resolved config (with the run name it
+    picked, so every child agrees on it), not resolve the request again."""
+    name = rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant)
+    text = resolved_text(C.finalize(cfg, {"run.name": name}))
+    with tempfile.TemporaryDirectory(prefix="engine-spawn-") as folder:
+        path = Path(folder) / "resolved.yaml"
+        path.write_text(text)
+        argv = [request.recipe, "--resolved", str(path), *request.eval_flags()]
+        return spawn_local(n, main, argv)
 
 
 def is_rank_zero() -> bool:

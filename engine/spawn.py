@@ -61,17 +61,9 @@ def _pass_signals_on(ctx) -> None:
         signal.signal(sig, forward)
 
 
-def spawn_local(
-    n: int, entry: Callable[[list[str]], int], head: list[str], overrides: list[str], run_name: str
-) -> int:
-    """Run entry(argv) (the engine's command line) in n processes. The parent picks the run
-    name and port so every child agrees on them. `head` is the recipe and its variant
-    option, as given."""
-    argv = [
-        *head,
-        *[o for o in overrides if not o.startswith("run.name=")],
-        f"run.name={run_name}",
-    ]
+def spawn_local(n: int, entry: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run entry(argv) (the engine's command line) in n processes. The parent picks the port
+    (and, in argv, the run name) so every child agrees on them."""
     threads = max(1, (os.cpu_count() or 1) // n)
     ctx = mp.start_processes(
         _child,

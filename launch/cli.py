@@ -195,7 +195,8 @@ def rendered(req: LaunchRequest, target: str) -> list[str] | str:
         raise UserError(str(e)) from None
 
 
-def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+def command_target(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """Where the command runs: its own target (make docker-train, eval, ...), else TARGET."""
     fixed = {"docker-train": "docker", "image": "image", "sif": "sif", "sbatch": "sbatch"}
     fixed["eval"] = "local"  # scores here, on this machine's processes
     target = fixed.get(args.command)
@@ -204,32 +205,49 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -
         allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
+    return target
+
+
+def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
+    target = command_target(args, env)
     req = run_request(args, env, target)
     out = rendered(req, target)
     dry = request.is_dry(args, env)
     starts_alone = target == "local" and render.is_one_process(req) and not dry
     queued = bool(req.code)  # sbatch, pyxis: the code and config are frozen
+    frozen = queued or freezes(req, target, args.command)
     config = ""
     if target in CHECKED_TARGETS and args.command != "render" and not starts_alone:
         # A dry run or a batch script may be meant for another machine: its data too.
-        config = check.engine_check(req, data_here=target == "local" and not dry, resolved=queued)
-        if queued:
+        config = check.engine_check(req, data_here=target == "local" and not dry, resolved=frozen)
+        if frozen:
             req = snapshot.freeze(req, config)
             out = rendered(req, target)
     for line in req.warnings:  # after every check: a warning never precedes an error
         print(line, file=sys.stderr)
     if queued and not dry:
         snapshot.take(req)
+    if frozen and not dry:
         snapshot.write_frozen(req, config)
     if isinstance(out, str):
         print(out, end="")
         return 0
     if args.command == "render" or dry:
+        if frozen:  # the file is written when it runs; what it will hold, said apart
+            print(f"launch: note: {render.resolved_from(req)}", file=sys.stderr)
         print(render.shell_join(out))
         return 0
     if target == "image":  # argv[0] is `env`: the docker client must be found first
         find_program(req.docker.client)
     execute(out)
+
+
+def freezes(req: LaunchRequest, target: str, command: str) -> bool:
+    """A training launch of several processes (or one under torchrun) resolves its request
+    once, in launch's check, and every process reads that file (launch.snapshot.freeze); one
+    plain process resolves it itself. make eval claims no run directory to freeze into."""
+    runs_here = target in ("local", "docker", "apptainer") and command not in ("render", "eval")
+    return runs_here and not render.is_one_process(req)
 
 
 def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -> LaunchRequest:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.rundir import decide_run_dir
 
@@ -96,8 +96,9 @@ class LaunchRequest:
     src: str = "."  # host checkout, mounted at /workspace in containers
     # A SLURM job's snapshot of the code (launch.snapshot), relative to src; "": the checkout
     code: str = ""
-    # The submission's resolved config (launch.snapshot.freeze), relative to src: the job reads
-    # it alone, not the recipe, variant, CONFIG file and overrides; "": resolved as it starts
+    # The request's resolved config (launch.snapshot.freeze), relative to src: a submission's
+    # job and a launch's processes read it alone, not the recipe, variant, CONFIG file and
+    # overrides; "": the one process started resolves it
     frozen: str = ""
     data: str = "data"  # host data root (RECIPES_DATA), mounted at /data
     run_root: str = "runs"  # run.root of the engine config
@@ -148,9 +149,10 @@ def override_keys(overrides: tuple[str, ...]) -> set[str]:
 
 def engine_args(req: LaunchRequest) -> list[str]:
     """Arguments of `engine.train`: the recipe and its variant, what launch adds, then the
-    user's overrides; for a submission, its frozen config and run name alone."""
-    if req.frozen:  # every layer is in the file; a config file's run.name is dropped unless given
-        return [req.recipe, "--config", req.frozen, f"run.name={req.run_name}", *req.engine_flags]
+    user's overrides; for a frozen request (a submission, several processes), its resolved
+    config alone."""
+    if req.frozen:  # resolved once, at launch: every process reads the file alone
+        return [req.recipe, "--resolved", req.frozen, *req.engine_flags]
     keys = override_keys(req.overrides)
     added = ["--config", req.variant] if req.variant else []
     if req.device and "device" not in keys:
@@ -158,6 +160,12 @@ def engine_args(req: LaunchRequest) -> list[str]:
     if "run.name" not in keys and req.run_name:  # "": make config, which names no run
         added.append(f"run.name={req.run_name}")
     return [req.recipe, *added, *req.engine_flags, *req.overrides]
+
+
+def resolved_from(req: LaunchRequest) -> str:
+    """A frozen request's file and the command line it was resolved from, for a dry run."""
+    asked = engine_args(replace(req, frozen=""))
+    return f"--resolved {req.frozen}: resolved from {shell_join(asked)}"
 
 
 def flight_recorder_env(req: LaunchRequest) -> dict[str, str]:

@@ -23,7 +23,6 @@ Preemption, as submitit 1.5 and the engine share it:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import os
 import shutil
@@ -199,8 +198,7 @@ def dry_run(reqs: list[LaunchRequest], folder: Path, name: str, parallel: int | 
         argv = ["python", "-m", "engine.train", *render.engine_args(r)]
         lines.append(f"#   {task}: {render.shell_join(argv)}")
         if r.frozen:  # what the frozen config was resolved from, at submission
-            asked = render.engine_args(dataclasses.replace(r, frozen=""))
-            lines.append(f"#     --config {r.frozen}: resolved from {render.shell_join(asked)}")
+            lines.append(f"#     {render.resolved_from(r)}")
     return submission_script(ex, len(reqs)) + "\n".join(lines) + "\n"
 
 

@@ -357,14 +357,29 @@ def run_member(planned: Planned, log: Path, stop: Stop, environ: Mapping[str, st
     return 128 - rc if rc < 0 else rc
 
 
+def frozen_local(todo: list[Planned]) -> tuple[list[Planned], list[str]]:
+    """(the members, each of several processes reading its frozen config; those configs'
+    texts, "" for a one-process member, which resolves its own request as it starts). The
+    configs are resolved in one engine process for all (launch.check.resolved_configs)."""
+    several = [i for i, p in enumerate(todo) if not render.is_one_process(p.req)]
+    resolved = check.resolved_configs([todo[i].req for i in several])
+    configs = [""] * len(todo)
+    for i, config in zip(several, resolved, strict=True):
+        configs[i] = config
+    pairs = zip(todo, configs, strict=True)
+    return [replace(p, req=snapshot.freeze(p.req, c)) if c else p for p, c in pairs], configs
+
+
 def run_local(
     plan: Plan, todo: list[Planned], record: dict, environ: Mapping[str, str]
 ) -> int | None:
     """Runs todo in order; returns the signal that stopped the sweep, if one did."""
+    todo, configs = frozen_local(todo)
     with Stop() as stop:
         for i, planned in enumerate(todo, 1):
             if stop.signum is not None:
                 break
+            snapshot.write_frozen(planned.req, configs[i - 1])
             name = planned.req.run_name
             print(f"sweep {plan.name}: member {i}/{len(todo)}: {name}", file=sys.stderr, flush=True)
             log = plan.folder / "logs" / f"{name}.log"
@@ -515,7 +530,7 @@ def dry_run(plan: Plan) -> int:
         reqs, _ = frozen_array(plan, todo)
         print(slurm.dry_run(reqs, plan.folder / "slurm", plan.name, plan.parallel), end="")
     else:
-        for p in todo:
+        for p in frozen_local(todo)[0]:
             print(render.shell_join(render.local(p.req)))
     return 0
 

@@ -137,8 +137,8 @@ PLANTS = (
     Plant(
         "a submission's config is frozen: the job reads the frozen file",
         "launch/render.py",
-        "    if req.frozen:  # every layer",
-        "    if False:  # every layer",
+        "    if req.frozen:  # resolved once",
+        "    if False:  # resolved once",
         (
             "tests/launch/test_variants.py::test_v2_submit_on_2_nodes_renders_the_job_with_the_variant_and_its_slurm_section",
         ),

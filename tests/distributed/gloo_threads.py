@@ -33,4 +33,4 @@ if __name__ == "__main__":
     # gloo_threads.py RUN_NAME RECIPE [--eval PATH] -- KEY=VALUE...
     run_name, rest = sys.argv[1], sys.argv[2:]
     at = rest.index("--")
-    sys.exit(spawn_local(2, counted, rest[:at], rest[at + 1 :], run_name))
+    sys.exit(spawn_local(2, counted, [*rest[:at], *rest[at + 1 :], f"run.name={run_name}"]))

@@ -244,21 +244,35 @@ def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
 
 
 def test_make_train_with_two_cpu_processes_reaches_the_accuracy_bar(tmp_path):
-    env = engine_env(GPUS="0", PROCS="2", ARGS=f"run.root={tmp_path} run.name=make2 log.wandb=off")
+    """...and resolves its request once: in launch's check, whose printed config the two
+    ranks (and torchrun) read from the frozen file, resolving nothing themselves."""
+    counted = tmp_path / "resolutions"
+    args = f"run.root={tmp_path} run.name=make2 log.wandb=off optim.lr=0.2"
+    env = engine_env(GPUS="0", PROCS="2", ARGS=args, RECIPES_RESOLUTIONS_LOG=str(counted))
     for var in ("RECIPE", "NODES", "DRY_RUN", "TARGET"):
         env.pop(var, None)
     out = subprocess.run(
         ["make", "train"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir(tmp_path, "make2") / "summary.json").read_text())
+    run = run_dir(tmp_path, "make2")
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["top1"] >= 0.98, summary
+    (resolution,) = counted.read_text().splitlines()  # one, and not on a rank
+    assert resolution.endswith(" rank=-"), resolution
+    (frozen,) = (run / "request").iterdir()
+    assert frozen.read_bytes() == (run / "config.yaml").read_bytes()
+    assert "  lr: 0.2\n" in frozen.read_text()
 
 
 @pytest.mark.parametrize("method", ["tcp", "file"])
 def test_tcp_and_file_init_methods(tmp_path, method):
     init = f"tcp://127.0.0.1:{free_port()}" if method == "tcp" else f"file://{tmp_path}/rendezvous"
     spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
-    run_engine(tmp_path, "init", f"dist.init_method={init}", "train.max_steps=3", prefix=spawn)
+    counted = tmp_path / "resolutions"  # --spawn's children read the parent's resolution
+    env = engine_env(RECIPES_RESOLUTIONS_LOG=str(counted))
+    overrides = (f"dist.init_method={init}", "train.max_steps=3")
+    run_engine(tmp_path, "init", *overrides, prefix=spawn, env=env)
     summary = json.loads((run_dir(tmp_path, "init") / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3
+    assert len(counted.read_text().splitlines()) == 1

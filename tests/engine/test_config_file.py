@@ -239,3 +239,29 @@ def test_check_passes_hybrid_sharding_with_async_saves(capsys):
     args = ["dist.strategy=fsdp", "dist.replicate=2", "ckpt.async_save=true", "--check", "4"]
     assert cli.main(["gpt", "device=cpu", "log.wandb=off", *args]) == 0
     assert capsys.readouterr().out == "config ok for 4 processes\n"
+
+
+# ---------------------------------------------------------------- --resolved
+
+
+@pytest.mark.parametrize("recipe", catalog.available())  # config.yaml and every variant
+def test_a_resolved_config_read_alone_is_the_config_it_was_resolved_to(tmp_path, recipe):
+    """--resolved reads a launch's frozen config with no layer under it: every key is in the
+    file, so nothing falls back to the engine's defaults where the recipe set another."""
+    for variant in ["", *catalog.variants(recipe)]:
+        cfg, _ = load_config(recipe, ["optim.lr=0.3", "run.name=b", "seed=7"], variant)
+        frozen = tmp_path / f"{variant or 'base'}.yaml"
+        frozen.write_text(cli.resolved_text(cfg))
+        read, _ = catalog.read_resolved(recipe, str(frozen))
+        assert read.to_dict() == cfg.to_dict(), (recipe, variant)
+
+
+def test_a_resolved_config_takes_no_other_layer_and_names_its_recipe(tmp_path):
+    frozen = tmp_path / "frozen.yaml"
+    frozen.write_text(cli.resolved_text(load_config("digits", ["run.name=b"])[0]))
+    for extra in (["optim.lr=0.1"], ["--config", "v2"]):
+        done = engine("digits", "--resolved", str(frozen), *extra, "--print-config")
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.startswith(f"error: --resolved {frozen} is a whole config: give it")
+    with pytest.raises(C.ConfigError, match="is a config of recipe 'digits', not of 'cifar10'"):
+        catalog.read_resolved("cifar10", str(frozen))

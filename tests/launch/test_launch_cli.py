@@ -174,8 +174,13 @@ def test_make_dry_run_cpu_processes(recipes):
     assert done.returncode == 0, done.stderr
     argv = shlex.split(one_line(done.stdout))
     assert argv[1:5] == ["-m", "engine.torchrun", "--standalone", "--nproc_per_node=2"]
-    assert argv[5:8] == ["-m", "engine.train", "digits"]
-    assert "device=cpu" in argv and any(RUN_NAME.fullmatch(a) for a in argv)
+    assert argv[5:9] == ["-m", "engine.train", "digits", "--resolved"]  # resolved once, here
+    assert re.fullmatch(
+        r"runs/digits/\d{8}-\d{6}-digits-[0-9a-f]{4}/request/[0-9a-f]{12}\.yaml", argv[9]
+    )
+    assert len(argv) == 10 and not (ROOT / argv[9]).exists()  # written as it runs
+    note = f"launch: note: --resolved {argv[9]}: resolved from digits device=cpu run.name="
+    assert done.stderr.startswith(note), done.stderr  # what the file will hold, said apart
 
 
 def test_make_exports_max_restarts_to_torchrun(recipes):
@@ -330,9 +335,11 @@ def test_a_dry_run_with_more_gpus_than_visible_prints_and_warns(recipes, fast, c
     done = launch(*command, cwd=fast, GPUS="8", CUDA_VISIBLE_DEVICES="", RECIPES_DIR=str(recipes))
     assert done.returncode == 0
     assert "--nproc_per_node=8" in shlex.split(one_line(done.stdout))
-    assert one_line(done.stderr).startswith(
+    warning, *notes = done.stderr.splitlines()  # a dry run's note: what the processes read
+    assert warning.startswith(
         "launch: warning: GPUS=8 but 0 CUDA device(s) are visible here; to run it here, set GPUS=0"
     )
+    assert all(line.startswith("launch: note: --resolved ") for line in notes), notes
 
 
 @pytest.mark.parametrize("gpus, warned", [("2", False), ("3", True)])
@@ -409,8 +416,10 @@ def test_a_config_the_engine_refuses_starts_nothing(fake_checkout, tmp_path, env
     where = "for one process" if world == "1" else f"for {world} process(es)"
     assert done.stderr == f"launch: {refusal} (config checked {where}; nothing was started)\n"
     (check,) = [json.loads(line) for line in (tmp_path / "rec").read_text().splitlines()]
-    here = ["--check", world, "--data-here"]  # a local run: its data must be on this machine
-    assert check["orig_argv"][-3:] == here
+    # a local run: its data must be on this machine; the config printed, which its processes
+    # then read (resolved once)
+    here = ["--check", world, "--data-here", "--print-config"]
+    assert check["orig_argv"][-4:] == here
 
 
 @pytest.mark.parametrize("rc", [0, 2, 75])
@@ -480,14 +489,14 @@ def test_a_config_file_names_its_recipe_and_variant_for_launch_too(tmp_path, fas
         assert f"#SBATCH {line}\n" in done.stdout
     (task,) = [line for line in done.stdout.splitlines() if line.startswith("#   every task:")]
     argv = shlex.split(task.removeprefix("#   every task:"))
-    assert argv[3:5] == ["gpt", "--config"] and "/request/" in argv[5]  # frozen at submission
+    assert argv[3:5] == ["gpt", "--resolved"] and "/request/" in argv[5]  # frozen at submission
     (asked,) = [line for line in done.stdout.splitlines() if ": resolved from " in line]
     assert shlex.split(asked.partition(": resolved from ")[2])[:3] == [
         "gpt",
         "--config",
         str(saved),
     ]
-    assert re.search(r"run\.name=\d{8}-\d{6}-gpt-124m-[0-9a-f]{4}", task)
+    assert re.search(r"run\.name=\d{8}-\d{6}-gpt-124m-[0-9a-f]{4}", asked)
 
     other = launch("train", "--dry-run", CONFIG=str(saved), RECIPE="digits")
     assert other.returncode == 2

@@ -70,7 +70,7 @@ def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config(tmp_path
     cfg = engine_cli.load(engine_cli.parse_argv(argv[argv.index("engine.train") + 1 :]))[0]
     assert (cfg.slurm.time_min, cfg.slurm.partition, cfg.slurm.constraint) == (30, "p", "a100")
     assert cfg.slurm.gpus_per_node == 8 and cfg.device == "cuda"  # GPUs asked: pinned
-    frozen = argv[argv.index("--config") + 1]  # the request as submitted, written read-only
+    frozen = argv[argv.index("--resolved") + 1]  # the request as submitted, written read-only
     assert frozen.startswith(f"{tmp_path}/imagenet/") and "/request/" in frozen
     assert not Path(frozen).stat().st_mode & 0o222
 

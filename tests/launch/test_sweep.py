@@ -410,7 +410,8 @@ def test_slurm_dry_run_is_one_array_of_every_member_with_its_concurrency_limit(c
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("#!/bin/bash\n") == 1 and "#SBATCH --array=0-7%3\n" in done.stdout
     tasks = [line for line in done.stdout.splitlines() if line.startswith("#   array task ")]
-    assert len(tasks) == 8 and "run.name=g-lr0.1-every_steps10-seed0" in tasks[1]
+    assert len(tasks) == 8 and "runs/digits/g-lr0.1-every_steps10-seed0/request/" in tasks[1]
+    assert "run.name=g-lr0.1-every_steps10-seed0" in done.stdout  # what it was resolved from
     assert not (checkout / "runs").exists()
 
 

@@ -46,7 +46,7 @@ def test_v2_submit_on_2_nodes_renders_the_job_with_the_variant_and_its_slurm_sec
     (task,) = [line for line in done.stdout.splitlines() if line.startswith("#   every task: ")]
     argv = shlex.split(task.removeprefix("#   every task: "))
     i = argv.index("imagenet")
-    assert argv[i + 1] == "--config" and "/request/" in argv[i + 2]  # the frozen request
+    assert argv[i + 1] == "--resolved" and "/request/" in argv[i + 2]  # the frozen request
     (asked,) = [line for line in done.stdout.splitlines() if ": resolved from " in line]
     argv = shlex.split(asked.partition(": resolved from ")[2])
     assert argv[1:3] == ["--config", "v2"] and "device=cuda" in argv  # GPUs asked: cuda
