@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from engine import distributed as D
+from engine.assemble import setup
 from engine.catalog import load_config
 from engine.recipe import Recipe
 from engine.run import Run
-from engine.setup import setup
 from engine.train import train_steps
 
 CPU = torch.device("cpu")

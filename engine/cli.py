@@ -34,12 +34,12 @@ from engine import distributed as D
 from engine import parallel as P
 from engine import recipe as contract
 from engine import weights as home
+from engine.assemble import amp_dtype
 from engine.data.sampler import check_elastic
+from engine.eval_only import score
 from engine.faults import RunError
 from engine.lifecycle import PeerFailure, train
 from engine.recipe import Recipe
-from engine.score import score
-from engine.setup import amp_dtype
 from engine.spawn import spawn_local
 from engine.tasks import check_supported, task_of
 from engine.tracking import (

@@ -19,7 +19,7 @@ with the same shapes and dtypes. With `--ema`, the mean of their EMAs. The metad
 OUT ending in `.onnx` or `.pt2` exports the recipe's model itself with those weights, for
 serving (ONNX through torch.onnx's dynamo exporter, or a torch.export program), checked on
 the spot against the eager model on the recipe's held-out samples, the figures in
-`<OUT>.json`: engine/serving.py. A model that cannot be exported, a missing package or a failed
+`<OUT>.json`: engine/export_graph.py. A model that cannot be exported, a missing package or a failed
 check is one line and exit code 1.
 
 A user mistake is one line on stderr and exit code 2; OUT is written under a temporary
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from engine import checkpoint as ckpt
-from engine import serving
+from engine import export_graph
 from engine.atomic import unwritable
 from engine.checkpoint import best as best_checkpoints
 from engine.config import ConfigError
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
             tensors, info = average(sources, args.ema)
         else:
             tensors, info = read_weights(sources[0], args.ema)
-        if out.suffix in serving.FORMATS:
+        if out.suffix in export_graph.FORMATS:
             return for_serving(sources, tensors, info, out, args.ema)
         write(tensors, out, info)
     except (ExportError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except serving.ServingError as err:
+    except export_graph.ServingError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # reading a checkpoint (a write's error is an ExportError)
@@ -93,10 +93,10 @@ def for_serving(
     out: Path,
     ema: bool,
 ) -> int:
-    """The recipe's model with these weights as a checked .onnx or .pt2 (engine.serving)."""
+    """The recipe's model with these weights as a checked .onnx or .pt2 (engine.export_graph)."""
     saved = _read_meta(sources[0]).get("config")
-    with serving.served(sources, saved, tensors, info.get("recipe", "")) as model:
-        line, _ = serving.export(model, out, info, ema)
+    with export_graph.served(sources, saved, tensors, info.get("recipe", "")) as model:
+        line, _ = export_graph.export(model, out, info, ema)
     print(line)
     return 0
 
@@ -144,17 +144,17 @@ def check_request(args: argparse.Namespace) -> None:
 
 
 def check_out(out: Path, force: bool) -> Path:
-    if out.suffix not in SUFFIXES + serving.FORMATS:
+    if out.suffix not in SUFFIXES + export_graph.FORMATS:
         raise ExportError(
             f"{out}: unknown format {out.suffix or '(no suffix)'}; use .pt or .safetensors "
             "(weights), .onnx or .pt2 (the model, for serving)"
         )
     if out.suffix == ".safetensors":
         _save_safetensors()  # missing: said before any checkpoint is read
-    serving.check_packages(out.suffix)  # .onnx's packages, likewise
+    export_graph.check_packages(out.suffix)  # .onnx's packages, likewise
     if out.is_dir():
         raise ExportError(f"{out} is a directory; name the file to write")
-    beside = [out, serving.json_path(out)] if out.suffix in serving.FORMATS else [out]
+    beside = [out, export_graph.json_path(out)] if out.suffix in export_graph.FORMATS else [out]
     for path in beside:
         if path.exists() and not force:
             raise ExportError(

@@ -16,6 +16,7 @@ from engine import checkpoint as ckpt
 from engine import config as C
 from engine import distributed as D
 from engine import hang, preempt, rundir
+from engine.assemble import setup
 from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
 from engine.data import fingerprint
@@ -26,7 +27,6 @@ from engine.redact import redact
 from engine.results import summary_name, task_facts
 from engine.run import Run
 from engine.seeding import set_deterministic
-from engine.setup import setup
 from engine.tasks import check_supported, task_of
 from engine.tracking import log, log_to, to_log_file
 from engine.train import fit

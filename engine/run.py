@@ -1,4 +1,4 @@
-"""A run as engine.setup assembles it: the decisions taken at set-up, and its state in owned
+"""A run as engine.assemble assembles it: the decisions taken at set-up, and its state in owned
 parts (engine.parts), each saving and restoring itself.
 
 The loop (engine.train), evaluation (engine.evaluate), metering (engine.meter) and checkpoints

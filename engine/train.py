@@ -1,7 +1,7 @@
 """The training loop: step, epoch and fit.
 
 `python -m engine.train RECIPE [key=value ...]` is the command line (engine.cli); one process
-from start to summary is engine.lifecycle. A run is assembled by engine.setup; evaluation,
+from start to summary is engine.lifecycle. A run is assembled by engine.assemble; evaluation,
 metering and checkpoints live in engine.evaluate, engine.meter and engine.checkpoint.state."""
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def check_resumable(
 def check_code(cfg: C.Config, source: tuple[Path, dict], code: dict) -> None:
     """The code is the largest part of a request: a resume over other code (a new commit, a
     git pull, other uncommitted changes) would continue the run with another program, so it
-    is refused unless run.allow_code_change says so (then recorded, engine.setup)."""
+    is refused unless run.allow_code_change says so (then recorded, engine.assemble)."""
     saved = source[1].get("code")
     if saved is None or cfg.run.allow_code_change or codeid.same_code(saved, code):
         return  # None: a checkpoint written before checkpoints named their code
@@ -116,7 +116,7 @@ def check_code(cfg: C.Config, source: tuple[Path, dict], code: dict) -> None:
 def check_data(cfg: C.Config, source: tuple[Path, dict], data: dict) -> None:
     """The data is the rest of a request: a resume over other data (a file added to a class
     folder, another corpus under the same path) would continue the run on other samples, so
-    it is refused unless run.allow_data_change says so (then recorded, engine.setup)."""
+    it is refused unless run.allow_data_change says so (then recorded, engine.assemble)."""
     saved = source[1].get("data")
     if not saved or cfg.run.allow_data_change:
         return  # none: a checkpoint written before checkpoints named their data

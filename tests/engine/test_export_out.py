@@ -38,7 +38,7 @@ def test_a_folder_still_to_be_made_is_tried_where_it_will_be_made(tmp_path, caps
 
 
 def test_eval_out_that_cannot_be_written_is_one_config_error(tmp_path):
-    """make eval's result file (engine.score writes it with atomic.write_out): the engine's
+    """make eval's result file (engine.eval_only writes it with atomic.write_out): the engine's
     command line prints a ConfigError as one line `error: ...`, exit 2."""
     blocked = tmp_path / "a-file"
     blocked.write_text("")

@@ -1,4 +1,4 @@
-"""make export OUT=model.onnx / model.pt2 (engine.serving): the recipe's model with a
+"""make export OUT=model.onnx / model.pt2 (engine.export_graph): the recipe's model with a
 checkpoint's weights, traced with a dynamic batch, checked on the spot against the eager model
 on the recipe's held-out samples at two batch sizes, the figures in <OUT>.json; a model that
 torch.export refuses, a missing package and a failed check are one line, exit 1, and leave
@@ -21,14 +21,14 @@ import pytest
 import torch
 from torch import nn
 
-from engine import catalog, export, serving
+from engine import catalog, export, export_graph
 from engine import checkpoint as ckpt
 from engine.parallel import weights as build_weights
 from tests.helpers import QUIET, run_dir
 from tests.recipes.tiny_settings import tiny_overrides
 
 onnx_packages = pytest.mark.skipif(
-    any(importlib.util.find_spec(p) is None for p in serving.ONNX_PACKAGES),
+    any(importlib.util.find_spec(p) is None for p in export_graph.ONNX_PACKAGES),
     reason="onnx, onnxruntime or onnxscript not installed (requirements.lock pins them)",
 )
 
@@ -55,7 +55,7 @@ def exported(source: Path, out: Path, *flags: str, capsys) -> tuple[int, str, st
 
 def assert_checked(out: Path, line: str) -> dict:
     """OUT and its JSON are there, the check passed at two batch sizes, the line says it."""
-    record = json.loads(serving.json_path(out).read_text())
+    record = json.loads(export_graph.json_path(out).read_text())
     check = record["check"]
     assert check["passed"] and check["tolerance"] == 1e-4
     # batch 1 and 8 (fewer where the held-out split is smaller: imagenet's example has 6)
@@ -96,12 +96,12 @@ def test_digits_onnx_top1_through_onnxruntime_equals_make_evals(digits_run, tmp_
     scored = tmp_path / "eval.json"  # make eval CKPT=<the run> OUT=...
     assert engine_main(["--eval", str(digits_run), "--out", str(scored)]) == 0
     expected = json.loads(scored.read_text())["metrics"]
-    session = serving.OnnxRunner(out)
+    session = export_graph.OnnxRunner(out)
     source = ckpt.checkpoint_path(digits_run / "checkpoints", record["step"])
     tensors, info = export.read_weights(source, ema=False)
-    with serving.served([source], None, tensors, "digits") as model:
+    with export_graph.served([source], None, tensors, "digits") as model:
         correct = count = 0
-        for x, y in serving.held_out(model.run, 64):
+        for x, y in export_graph.held_out(model.run, 64):
             (logits,) = session(x)
             correct += int((logits.argmax(1) == y).sum())
             count += len(y)
@@ -193,12 +193,12 @@ def test_a_failed_check_keeps_the_users_file_and_writes_nothing(tmp_path, capsys
     out = tmp_path / "model.pt2"
     out.write_bytes(b"keep me")
     before = sorted(tmp_path.rglob("*"))
-    monkeypatch.setattr(serving, "TOLERANCE", -1.0)  # no difference passes
+    monkeypatch.setattr(export_graph, "TOLERANCE", -1.0)  # no difference passes
     code, line, err = exported(source, out, "--force", capsys=capsys)
     assert (code, line) == (1, "") and err.count("\n") == 1
     assert err.startswith(f"error: {out}: the check failed, nothing written: input batchx1x8x8")
     assert "EXCEEDS -1" in err
-    assert out.read_bytes() == b"keep me" and not serving.json_path(out).exists()
+    assert out.read_bytes() == b"keep me" and not export_graph.json_path(out).exists()
     assert sorted(tmp_path.rglob("*")) == before
 
 

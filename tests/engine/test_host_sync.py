@@ -43,9 +43,9 @@ from torch.utils._pytree import tree_flatten
 from bench.common import StepClock  # stands in for the progress display
 from engine import distributed as D
 from engine import train as T
+from engine.assemble import setup
 from engine.catalog import load_config
 from engine.data.device import DeviceLoader
-from engine.setup import setup
 from tests.datagen_cifar import write_cifar_batches
 
 RUN_DEVICE = torch.device("cpu", 0)

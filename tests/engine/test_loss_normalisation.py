@@ -69,7 +69,7 @@ def step_against_reference(root: Path, name: str, rank: int, world: int, accum: 
     loss it should give, computed here from the whole global batch on a copy of the model."""
     from engine import catalog
     from engine import distributed as D
-    from engine.setup import setup
+    from engine.assemble import setup
     from engine.train import train_step
 
     micro = GLOBAL_BATCH // (world * accum)

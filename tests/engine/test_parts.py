@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from engine import distributed as D
+from engine.assemble import setup
 from engine.catalog import load_config
 from engine.parts import Part, saved, transient
 from engine.run import Run
-from engine.setup import setup
 from engine.train import train_steps
 from tests.helpers import QUIET, backend_flags, set_backend_flags
 

@@ -66,7 +66,7 @@ def test_the_loop_its_set_up_and_a_digits_run_load_no_image_code():
     it for the source; this holds it for what a process really loads)."""
     script = (
         "import sys\n"
-        "import engine.lifecycle, engine.setup, engine.train\n"
+        "import engine.lifecycle, engine.assemble, engine.train\n"
         "from engine import catalog\n"
         "catalog.load_config('digits', [])\n"
         "print(sorted(m for m in sys.modules if m.startswith(('engine.vision', 'torchvision'))))\n"

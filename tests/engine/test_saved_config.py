@@ -1,7 +1,7 @@
 """A run directory's config.yaml holds the config that was asked for, not what this machine
 made of it: `device: auto` (asked, or the default) stays `auto`, so the same file resumes or
 reruns the run on a machine with other devices. The device the run resolved is recorded in
-env.json instead. Both runs here are in this process (engine.lifecycle.train, engine.setup)."""
+env.json instead. Both runs here are in this process (engine.lifecycle.train, engine.assemble)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import yaml
 
 from engine import distributed as D
 from engine import lifecycle
+from engine.assemble import setup
 from engine.catalog import load_config
-from engine.setup import setup
 
 QUIET = ["log.wandb=off", "log.progress=off", "train.max_steps=1"]
 

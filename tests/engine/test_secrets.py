@@ -54,7 +54,7 @@ def test_credentials_in_the_environment_reach_no_file_and_no_output(run):
 
 
 def written_by_train_py(path: str) -> bool:
-    """config.yaml and the checkpoints' config (engine.setup and engine.checkpoint.state)."""
+    """config.yaml and the checkpoints' config (engine.assemble and engine.checkpoint.state)."""
     return path.endswith("config.yaml") or "/checkpoints/" in path
 
 

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from engine import distributed as D
+from engine.assemble import setup
 from engine.catalog import load_config
 from engine.config import ConfigError, OptimConfig
 from engine.evaluate import run_eval
 from engine.optim import implementation
-from engine.setup import setup
 from engine.speed import datasheet_peak_tflops, flops_per_sample, memory_format
 from engine.tracking import ProgressBar
 from engine.train import train_epoch

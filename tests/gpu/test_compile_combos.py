@@ -2,7 +2,7 @@
 each block compiled before it is sharded, activation checkpointing inside the compiled model,
 bf16 autocast with channels_last, and evaluation's separately compiled model (run.net.eval_model).
 
-Each test assembles two runs through the engine's own set-up (engine.setup.setup) from the
+Each test assembles two runs through the engine's own set-up (engine.assemble.setup) from the
 same config and seed, one with train.compile=on and one with train.compile=off, trains both
 for a few optimizer steps with engine.train.train_step, and compares the losses step by step
 and the final weights, within a tolerance stated beside it. Each also checks that the
@@ -32,10 +32,10 @@ from torch.distributed.tensor import DTensor
 
 from engine import distributed as D
 from engine import parallel as P
+from engine.assemble import setup
 from engine.catalog import load_config
 from engine.evaluate import evaluate, predict
 from engine.parallel import Strategy
-from engine.setup import setup
 from engine.train import train_step
 from recipes.cifar10.example import write_example
 

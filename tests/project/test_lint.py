@@ -165,13 +165,13 @@ def test_import_contracts_hold_on_the_copy(copies, packages):
 PLANTED_IMPORTS = {  # contract -> (module, an import it must not make)
     "layers": ("engine/config/__init__.py", "import recipes.digits.model"),
     "no cycles": ("launch/runs.py", "import launch.analysis.report"),
-    "recipes stay single-device": ("recipes/digits/model.py", "import engine.setup"),
+    "recipes stay single-device": ("recipes/digits/model.py", "import engine.assemble"),
     "recipes never import engine.distributed": (
         "recipes/digits/data.py",
         "import engine.distributed",
     ),
     "launch never trains": ("launch/render.py", "import torch"),
-    "engine layers": ("engine/tasks.py", "import engine.setup"),
+    "engine layers": ("engine/tasks.py", "import engine.assemble"),
     "launch layers": ("launch/render.py", "import launch.analysis.stats"),
 }
 

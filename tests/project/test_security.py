@@ -199,9 +199,9 @@ def test_hostile_request_values_stay_inert_in_the_submitted_script(tmp_path, cap
     (task,) = [x for x in script.splitlines() if x.startswith("#   every task: ")]
     argv = shlex.split(task.removeprefix("#   every task: "))  # the frozen config, whole
     assert (
-        argv[argv.index("--config") + 1]
+        argv[argv.index("--resolved") + 1]
         == f"/runs/{PAYLOAD}/digits/shared/request/"
-        + (argv[argv.index("--config") + 1].rpartition("/")[2])
+        + (argv[argv.index("--resolved") + 1].rpartition("/")[2])
     )
     (asked,) = [x for x in script.splitlines() if ": resolved from " in x]
     assert f"log.project={PAYLOAD}" in shlex.split(asked.partition(": resolved from ")[2])

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from engine import distributed as D
+from engine.assemble import setup
 from engine.catalog import load_config
 from engine.config import LoaderConfig
 from engine.data import shm
 from engine.data.loaders import SeededSamples
-from engine.setup import setup
 from tests.datagen_images import write_image_folder
 
 GIB = 2**30

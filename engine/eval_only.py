@@ -19,11 +19,11 @@ from engine import atomic
 from engine import config as C
 from engine import distributed as D
 from engine import recipe as contract
+from engine.assemble import setup_eval
 from engine.checkpoint.files import NAME, SHARDED_NAME
 from engine.evaluate import evaluate
 from engine.recipe import Recipe
 from engine.seeding import set_deterministic
-from engine.setup import setup_eval
 from engine.tracking import log
 from engine.weights import files as weight_files
 

@@ -136,7 +136,7 @@ def setup(
 
 
 def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.device) -> Run:
-    """What evaluation alone needs (engine.score): the data and the model, placed as
+    """What evaluation alone needs (engine.eval_only): the data and the model, placed as
     training places it (sharded under FSDP), with no optimizer, training batch, sampler or
     loader, and no run directory claimed or written."""
     dtype = amp_dtype(cfg.train.amp, device)

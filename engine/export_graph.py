@@ -48,10 +48,10 @@ from engine import atomic, catalog, rundir
 from engine import config as C
 from engine import distributed as D
 from engine import weights as home
+from engine.assemble import setup_eval
 from engine.data.loaders import eval_loader
+from engine.eval_only import for_scoring
 from engine.run import Run
-from engine.score import for_scoring
-from engine.setup import setup_eval
 
 FORMATS = (".onnx", ".pt2")
 # The largest |served - eager| over the checked outputs, divided by the largest |eager|.
