@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.request import SLURM_FLAGS
 from tests.helpers import REPO
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -69,3 +70,13 @@ def test_the_readme_is_a_page_a_newcomer_reads_and_names_no_commit():
     assert len(text.splitlines()) <= 300
     words = set(re.findall(r"\b[0-9a-f]{7,40}\b", FENCE.sub("", text)))
     assert not {w for w in words if re.search(r"[a-f]", w) and re.search(r"[0-9]", w)}
+
+
+def test_each_shortcut_in_the_docs_sets_the_key_launch_sets():
+    """docs/config.md's table of Make variables and the config keys they set is launch's own
+    mapping (launch.request.SLURM_FLAGS), row for row: one name per setting in the docs."""
+    text = (REPO / "docs" / "config.md").read_text()
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| `([a-z_.]+)` \|", text, flags=re.M))
+    expected = {var: f"slurm.{key}" for key, (_, var) in SLURM_FLAGS.items()}
+    expected |= {"GPUS": "slurm.gpus_per_node", "NODES": "slurm.nodes"}
+    assert rows == expected
