@@ -4,6 +4,11 @@ torch.profiler trace of optimizer steps A..B (`prof.steps=A:B`) on the ranks ask
 allocator's history (`prof.memory`), written as a snapshot at the end of the window, at the
 end of the run and on an out-of-memory error.
 
+The window runs on torch.profiler's schedule (one warm-up step before A where the run has one,
+then A..B recorded) and each optimizer step is a `ProfilerStep#N` span, as Holistic Trace
+Analysis and TensorBoard's profiler plugin split a trace into iterations (N counts from the
+warm-up step); inside it, a `step <n>` span carries the run's own step number.
+
 Everything lands in <run>/profile/: rank<r>-steps<A>-<B>.trace.json (Chrome's trace format:
 chrome://tracing or ui.perfetto.dev), rank<r>-steps<A>-<B>.summary.json (the top operators by
 self time, and the window's time in the loop's phases: data wait, forward, backward,
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +33,7 @@ from engine.tracking import log
 
 PHASES = ("data wait", "forward", "backward", "optimizer")  # the loop's record_function names
 TOP = 15  # operators in a summary
+WARMUP_STEPS = 1  # profiled but not recorded before the window, where the run has them
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class Profiling:
         self.memory = cfg.memory and device.type == "cuda"
         self.profiler: torch.profiler.profile | None = None
         self.step_range: torch.profiler.record_function | None = None
+        self.done = False  # the window was written (or passed): one per run
+        self.last_step: int | None = None  # the last step the open window saw end
         if cfg.memory and device.type != "cuda" and rank == 0:
             log(f"note: prof.memory applies to CUDA only: no allocator history on {device.type}")
         if self.memory:
@@ -85,22 +94,42 @@ class Profiling:
         return self.traced or self.memory
 
     def step_begins(self, step: int) -> None:
-        if self.traced and step == self.window.first:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self.profiler = torch.profiler.profile(
-                activities=_activities(self.device), record_shapes=True, profile_memory=True
-            )
-            self.profiler.start()
-        if self.profiler is not None:  # the step as one range of the trace: "step N"
+        if self.traced and self.profiler is None and not self.done:
+            if self.window.first - WARMUP_STEPS <= step <= self.window.last:
+                self._open(step)
+        if self.profiler is not None:  # the run's step number inside ProfilerStep#N
             self.step_range = torch.profiler.record_function(f"step {step}")
             self.step_range.__enter__()
+
+    def _open(self, step: int) -> None:
+        """A profiler on torch's schedule from this step: warm-up up to the window, then the
+        window's steps recorded (from this one, in a run resumed inside the window)."""
+        first, last = self.window.first, self.window.last
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # no warm-up step when the window starts the run
+            warnings.filterwarnings("ignore", "Profiler won't be using warmup")
+            schedule = torch.profiler.schedule(
+                wait=0, warmup=max(0, first - step), active=last - max(step, first) + 1, repeat=1
+            )
+        self.profiler = torch.profiler.profile(
+            activities=_activities(self.device),
+            schedule=schedule,
+            on_trace_ready=self._write_trace,
+            record_shapes=True,
+            profile_memory=True,
+        )
+        self.profiler.start()
 
     def step_ended(self, step: int) -> None:
         if self.step_range is not None:
             self.step_range.__exit__(None, None, None)
             self.step_range = None
-        if self.profiler is not None and step >= self.window.last:
-            self._write_trace(step)
+        if self.profiler is None:
+            return
+        self.last_step = step
+        self.profiler.step()  # after the window's last step: the trace is written
+        if step >= self.window.last:
+            self._stop()
             if self.memory:
                 self.write_memory()
 
@@ -120,16 +149,20 @@ class Profiling:
             self.step_range.__exit__(None, None, None)
             self.step_range = None
         if self.profiler is not None:
-            self._write_trace(None)
+            self.last_step = None  # the window did not reach its last step
+            self._stop()  # writes what was recorded (torch calls _write_trace)
         if self.memory:
             self.write_memory()
             torch.cuda.memory._record_memory_history(enabled=None)
             self.memory = False
 
-    def _write_trace(self, last: int | None) -> None:
-        profiler, self.profiler = self.profiler, None
+    def _stop(self) -> None:
+        profiler, self.profiler, self.done = self.profiler, None, True
         profiler.stop()
-        first = self.window.first
+
+    def _write_trace(self, profiler: torch.profiler.profile) -> None:
+        """on_trace_ready: the recorded steps' trace and summary."""
+        first, last = self.window.first, self.last_step
         stem = f"rank{self.rank}-steps{first}-{last if last is not None else 'end'}"
         profiler.export_chrome_trace(str(self.folder / f"{stem}.trace.json"))
         summary = summarise(profiler, self.device) | {
@@ -157,6 +190,7 @@ def summarise(profiler: torch.profiler.profile, device: torch.device) -> dict:
         return (e.self_device_time_total if on_device else e.self_cpu_time_total) / 1000
 
     ops = [e for e in averages if e.key not in PHASES and not _is_step(e.key)]
+    ops = [e for e in ops if not e.key.startswith("ProfilerStep#")]
     ops.sort(key=self_ms, reverse=True)
     phases = {}
     for e in averages:

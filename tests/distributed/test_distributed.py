@@ -118,7 +118,12 @@ def test_spawned_and_profiled_processes_train_exactly_like_torchrun(root, two_pr
         trace = json.loads((folder / f"rank{rank}-steps4-6.trace.json").read_text())
         names = {e.get("name") for e in trace["traceEvents"]}
         assert {"step 4", "step 5", "step 6", "forward", "backward", "optimizer"} <= names
-        assert "step 3" not in names and "step 7" not in names
+        assert "step 3" not in names and "step 7" not in names  # step 3 is the warm-up
+        # torch.profiler's schedule: one ProfilerStep#N per recorded step, as HTA reads them
+        iterations = [
+            e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+        ]
+        assert sorted(e["name"] for e in iterations) == [f"ProfilerStep#{n}" for n in (1, 2, 3)]
         summary = json.loads((folder / f"rank{rank}-steps4-6.summary.json").read_text())
         assert summary["steps"] == [4, 6] and summary["top_ops"] and summary["steps_ms"] > 0
         assert summary["phases"]["forward"]["calls"] == 3

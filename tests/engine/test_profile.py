@@ -5,6 +5,8 @@ on a GPU (tests/gpu/test_memory_snapshot.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -75,3 +77,22 @@ def test_a_profiled_run_trains_exactly_like_an_unprofiled_one_with_dropout(tmp_p
 
     assert losses("plain") == losses("profiled") and len(losses("plain")) == 8
     assert same_weights(final_weights(tmp_path, "plain"), final_weights(tmp_path, "profiled"))
+
+
+@pytest.mark.slow
+def test_a_run_ending_inside_the_window_writes_the_steps_it_recorded(tmp_path, train_here):
+    """prof.steps=4:9 in a 5-step run: torch's schedule warms up on step 3 and records 4 and 5,
+    each a ProfilerStep#N span holding the run's `step n`; the trace is written at the end."""
+    train_here(tmp_path, "short", "train.max_steps=5", "prof.steps=4:9")
+    folder = run_dir(tmp_path, "short") / "profile"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "rank0-steps4-end.summary.json",
+        "rank0-steps4-end.trace.json",
+    ]
+    events = json.loads((folder / "rank0-steps4-end.trace.json").read_text())["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert {"step 4", "step 5", "ProfilerStep#1", "ProfilerStep#2"} <= names
+    assert "step 3" not in names  # the warm-up step is not recorded
+    summary = json.loads((folder / "rank0-steps4-end.summary.json").read_text())
+    assert summary["steps"] == [4, None]
+    assert not any(op["name"].startswith("ProfilerStep#") for op in summary["top_ops"])
