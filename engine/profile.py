@@ -20,6 +20,7 @@ weights are bitwise those of a run without it (tests/engine/test_profile.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import warnings
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 from engine.config import ConfigError
 from engine.tracking import log
@@ -34,6 +36,16 @@ from engine.tracking import log
 PHASES = ("data wait", "forward", "backward", "optimizer")  # the loop's record_function names
 TOP = 15  # operators in a summary
 WARMUP_STEPS = 1  # profiled but not recorded before the window, where the run has them
+
+
+NOT_RECORDING = contextlib.nullcontext()
+
+
+def phase(name: str) -> contextlib.AbstractContextManager:
+    """The loop's phase as a record_function while a profiler records, else nothing: a
+    record_function costs ~16 us a call with no profiler (measured on a CPU), and the loop
+    marks four phases a step or more."""
+    return record_function(name) if torch.autograd._profiler_enabled() else NOT_RECORDING
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import time
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
 from engine import checkpoint as ckpt
 from engine import distributed as D
@@ -24,7 +23,7 @@ from engine.ema import update_ema
 from engine.evaluate import run_eval
 from engine.faults import RunError, inject_after_step, slow_data
 from engine.meter import Meter
-from engine.profile import Profiling
+from engine.profile import Profiling, phase
 from engine.run import Run
 from engine.tracking import ProgressBar, log
 
@@ -44,17 +43,17 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
             x, y = run.feed.mix(x, y, run.progress.epoch, micro_position(run, j))
         sync = P.gradient_sync(run.net.model, run.net.strategy, last=j == accum - 1)
         with sync, STAGES.device_time("forward_backward", device):
-            with run.autocast(), record_function("forward"):
+            with run.autocast(), phase("forward"):
                 # DDP and FSDP average gradients over ranks: x world size / global count
                 # makes the step's gradient that of the loss summed over the global batch
                 # divided by its count, for any world size and accumulation.
                 loss = run.task.train_loss(run.net.model(x), y, smoothing) * scale
             if injected_nan(run):
                 loss = loss * float("nan")
-            with record_function("backward"):
+            with phase("backward"):
                 run.opt.scaler.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    with record_function("optimizer"), STAGES.device_time("optimizer", device):
+    with phase("optimizer"), STAGES.device_time("optimizer", device):
         norm = gradient_norm(run)
         if apply_step(run, norm):
             run.opt.scaler.step(run.opt.optimizer)
@@ -161,7 +160,7 @@ def take_batches(run: Run, batches, meter: Meter) -> list:
     """The step's micro batches from the loader (the time blocked here is the window's data
     wait), noted where asked: their sample ids, their replaced samples."""
     waited = time.perf_counter()
-    with record_function("data wait"):
+    with phase("data wait"):
         micro = [next(batches) for _ in range(run.feed.sampler.plan.accum_steps)]
         slow_data(run.cfg.fault)
     meter.wait += time.perf_counter() - waited
