@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from bench.jpegs import write_jpeg_folder
+from engine import assemble, evaluate
 from engine import distributed as D
-from engine import evaluate, setup
 from engine.catalog import load_config
 from engine.config import LoaderConfig
 from engine.data.errors import DataError
@@ -366,7 +366,7 @@ def test_the_engine_s_loop_through_it_trains_bitwise_as_without(tmp_path, monkey
         ("ahead-stop", True),
     ):
         if ahead_on:
-            monkeypatch.setattr(setup, "finish_ahead", forced)
+            monkeypatch.setattr(assemble, "finish_ahead", forced)
             monkeypatch.setattr(evaluate, "finish_ahead", forced)
         overrides = [
             "log.wandb=off",
@@ -389,7 +389,7 @@ def test_the_engine_s_loop_through_it_trains_bitwise_as_without(tmp_path, monkey
         if name.endswith("stop"):
             overrides.append("train.stop_at_step=2")
         cfg, recipe = load_config("imagenet", overrides)
-        run = setup.setup(cfg, recipe, D.DistEnv(), CPU)
+        run = assemble.setup(cfg, recipe, D.DistEnv(), CPU)
         try:
             reason = fit(run)
         finally:
