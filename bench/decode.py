@@ -13,6 +13,8 @@ photos (bench.jpegs). Every path gets the same per-sample seeds, so the same cro
 - gpu worker part: what a worker does with decode=gpu (read the bytes, PIL's header, draw
   the crop): how many images per second one worker core feeds a GPU.
 - eval: decode + resize 256 + centre crop 224, tensor path against PIL.
+- the worker stage timers: the tensor path as the engine runs it (each sample's read,
+  decode and augment timed, engine.data.stages.sample_stage) against the same work untimed.
 
 Paths alternate within each round and the median over rounds is reported (the machine is
 shared and noisy). `python -m bench.decode [--quick]`.
@@ -36,6 +38,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from bench.jpegs import write_jpeg_folder
+from engine.vision.codec import decode_rgb
 from engine.vision.gpu_decode import DeviceDecodedFiles, EncodedImage
 from engine.vision.imagefolder import ImageFiles, scan_split
 from engine.vision.images import ImageAugment, TrainTransform, eval_transform
@@ -69,6 +72,14 @@ def _rate(load, keys: list) -> float:
     return len(keys) / (time.perf_counter() - started)
 
 
+class UntimedImageFiles(ImageFiles):
+    """ImageFiles' sample without the stage timers: the baseline of their cost."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        image = decode_rgb(self.read(i), self.path(i))
+        return self.transform(image), int(self.labels[i])
+
+
 def _gpu_path_on_cpu(dataset: DeviceDecodedFiles, n: int) -> float:
     """decode=gpu's worker part and its device part, both on the CPU, in batches."""
     cpu = torch.device("cpu")
@@ -90,12 +101,14 @@ def _paths(root: Path, aug: ImageAugment) -> dict:
         ImageFiles(index, TrainTransform(aug)),
         ImageFiles(index, eval_transform(aug)),
     )
+    untimed = UntimedImageFiles(index, TrainTransform(aug))
     gpu = DeviceDecodedFiles(index, aug, train=True)
     n, everything = len(files), list(range(len(files)))
     train, evaluate = pil_train(aug), pil_eval(aug)
     return {
         "pil_train": lambda: _rate(train, files),
         "tensor_train": lambda: _rate(tensor_train.__getitem__, everything),
+        "tensor_train_untimed": lambda: _rate(untimed.__getitem__, everything),
         "gpu_on_cpu": lambda: _gpu_path_on_cpu(gpu, n),
         "gpu_worker": lambda: _rate(gpu.__getitem__, everything),
         "pil_eval": lambda: _rate(evaluate, files),
@@ -122,6 +135,13 @@ ENTRIES = [  # (key, baseline key, name, note)
         "pil_train",
         "train, decode=gpu worker part only (read, header, draw)",
         "what one worker core feeds the device with decode=gpu; decoding is on the device",
+    ),
+    (
+        "tensor_train",
+        "tensor_train_untimed",
+        "worker stage timers: train decode+augment timed per sample against untimed",
+        "read, decode and augment each timed (engine.data.stages.sample_stage), as a loader "
+        "worker sends them with its batch; baseline the same work without the timers",
     ),
     (
         "tensor_eval",

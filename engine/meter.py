@@ -8,7 +8,7 @@ import time
 import torch
 
 from engine import config as C
-from engine.data.stages import STAGES
+from engine.data.stages import STAGES, WORKER_STAGES
 from engine.parts.records import Speed
 from engine.recipe import Recipe
 from engine.run import Run
@@ -57,6 +57,8 @@ class Meter:
         self.grad_norm = torch.zeros((), device=self.device)
         self.steps = self.samples = 0
         self.wait = self.step = self.sync = self.checkpoint = 0.0  # seconds: see breakdown()
+        self.work: torch.Tensor | None = None  # loader workers' seconds per WORKER_STAGES
+        self.work_batches = 0
         STAGES.take()  # what ran before the window (an evaluation's batches) is not its
         self.started = time.perf_counter()
 
@@ -65,6 +67,22 @@ class Meter:
         self.grad_norm += norm
         self.steps += 1
         self.samples += samples
+
+    def add_work(self, batches: list) -> None:
+        """The seconds the loader workers spent loading these batches, where they say."""
+        for batch in batches:
+            work = getattr(batch, "work", None)
+            if work is not None:
+                self.work = work if self.work is None else self.work + work
+                self.work_batches += 1
+
+    def worker_figures(self) -> dict[str, float]:
+        """worker_<stage>_s: the window's mean seconds of worker time per batch in each stage
+        of loading its samples (read, decode, augment); nothing where no worker loaded."""
+        if self.work is None:
+            return {}
+        means = (self.work / self.work_batches).tolist()
+        return {f"worker_{stage}_s": v for stage, v in zip(WORKER_STAGES, means, strict=True)}
 
     def record(self, run: Run, loss_over_ranks: float, grad_norm: float) -> dict:
         """The window's record, given the window's loss summed over the ranks and its
@@ -82,6 +100,7 @@ class Meter:
             "data_wait": self.wait / elapsed,
             "step_s": elapsed / self.steps,
             **self.breakdown(elapsed),
+            **self.worker_figures(),
         }
         rec |= speed_figures(run, rec["samples_per_s"])
         if run.health.skip_bad:
@@ -89,7 +108,7 @@ class Meter:
         if run.cfg.train.nan_policy == "skip":
             rec["skipped_steps"] = run.health.skipped_steps
         if self.windows > 0:  # the first window of an epoch includes the workers' start
-            warn_if_starved(run, rec["data_wait"])
+            warn_if_starved(run, rec["data_wait"], slowest_worker_stage(rec))
         self.windows += 1
         self.reset()
         return rec
@@ -145,8 +164,23 @@ def device_stats(device: torch.device) -> dict[str, float]:
     return {"gpu_util": util, "gpu_power_w": power}
 
 
-def warn_if_starved(run: Run, data_wait: float) -> None:
-    """Once per run: the loader, not the model, sets the pace."""
+STAGE_WORDS = {"read": "reading files", "decode": "decoding", "augment": "augmenting"}
+
+
+def slowest_worker_stage(rec: dict) -> str:
+    """ ", its workers spend 78% of their time decoding" from a record's worker figures; ""
+    where the record has none."""
+    spent = {s: rec[f"worker_{s}_s"] for s in WORKER_STAGES if f"worker_{s}_s" in rec}
+    total = sum(spent.values())
+    if total <= 0:
+        return ""
+    stage = max(spent, key=spent.get)
+    return f"; its workers spend {spent[stage] / total:.0%} of their time {STAGE_WORDS[stage]}"
+
+
+def warn_if_starved(run: Run, data_wait: float, slowest: str = "") -> None:
+    """Once per run: the loader, not the model, sets the pace (and, where the workers say,
+    the stage of loading that takes them longest)."""
     if run.records.speed.warned_data_wait or data_wait <= run.cfg.log.data_wait_warn:
         return
     run.records.speed.warned_data_wait = True
@@ -154,6 +188,7 @@ def warn_if_starved(run: Run, data_wait: float) -> None:
     faster = f" or {run.recipe.faster_input}" if run.recipe.faster_input else ""
     log(
         f"warning: {data_wait:.0%} of the last {run.cfg.log.every_steps} steps waited for data "
-        f"(rank {run.denv.rank}): the loader cannot keep the {run.device.type.upper()} busy. "
+        f"(rank {run.denv.rank}): the loader cannot keep the {run.device.type.upper()} busy"
+        f"{slowest}. "
         f"Raise loader.num_workers (now {workers}){faster}, or put the data on faster storage"
     )

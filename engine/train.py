@@ -164,6 +164,7 @@ def take_batches(run: Run, batches, meter: Meter) -> list:
         micro = [next(batches) for _ in range(run.feed.sampler.plan.accum_steps)]
         slow_data(run.cfg.fault)
     meter.wait += time.perf_counter() - waited
+    meter.add_work(micro)
     if run.cfg.log.sample_ids:
         write_sample_ids(run, micro)
     run.health.note_replaced(micro)

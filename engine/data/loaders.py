@@ -13,6 +13,7 @@ from engine.config import LoaderConfig
 from engine.data.device import DeviceData, DeviceLoader
 from engine.data.errors import BadSample, DataError
 from engine.data.sampler import GlobalBatchSampler, Keys, Sample, eval_batches, eval_shard
+from engine.data.stages import worker_batch_seconds
 from engine.seeding import derive_seed, seed_sample, worker_init
 
 MAX_REPLACEMENTS = 16  # consecutive unreadable files before a run gives up even with skip_bad
@@ -117,8 +118,9 @@ class SeededSamples(Dataset):
             ys.append(y)
             replaced.append(r)
         # as default_collate of the Samples would make it, field by field
+        replaced = torch.tensor(replaced, dtype=torch.long)
         return Sample(
-            collate_x(xs), default_collate(ys), keys.index, torch.tensor(replaced, dtype=torch.long)
+            collate_x(xs), default_collate(ys), keys.index, replaced, worker_batch_seconds()
         )
 
 
@@ -141,12 +143,11 @@ def collate_x(xs: list):
 
 
 def collate(samples: list[Sample] | Sample) -> Sample:
-    """default_collate, except for samples whose x type brings its own `collate`; y, index
-    and replaced collate as always. A batch loaded whole (training's Keys) passes through."""
+    """default_collate field by field (as it collates a NamedTuple), except for samples whose
+    x type brings its own `collate`; a sample's `work` (None: evaluation's samples) is not
+    collated. A batch loaded whole (training's Keys) passes through."""
     if isinstance(samples, Sample):
         return samples
-    if getattr(type(samples[0].x), "collate", None) is None:
-        return default_collate(samples)
     y, index, replaced = default_collate([(s.y, s.index, s.replaced) for s in samples])
     return Sample(collate_x([s.x for s in samples]), y, index, replaced)
 

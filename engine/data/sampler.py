@@ -189,6 +189,9 @@ class Sample(NamedTuple):
     y: Any
     index: int
     replaced: int
+    # a training batch a loader worker loaded: its seconds in read, decode and augment
+    # (engine.data.stages.WORKER_STAGES); None where this process loaded it
+    work: Any = None
 
 
 def eval_batches(shard: range, batch_size: int) -> list[list[tuple[int, int, int]]]:

@@ -6,8 +6,14 @@ device time of the step's parts (forward and backward, optimizer), read from CUD
 once the window's results are read back (no sync of its own).
 
 Host seconds are what competes with the training thread for the interpreter; a stage's GPU
-time runs asynchronously and shows up as the training stream's wait. Loader workers (other
-processes) are not metered here: their slowness is the training thread's data_wait.
+time runs asynchronously and shows up as the training stream's wait.
+
+Loader workers (other processes) time their own stages of loading a sample (read, decode,
+augment: WORKER_STAGES) into WORKER, their copy of which the training process never adds to,
+and send the sums with each batch (worker_batch_seconds: three floats in the batch, no extra
+process, no lock across processes); the training process logs their means per batch beside
+data_wait. Loaded in the training process (loader.num_workers=0), the same stages go to
+STAGES as the others.
 
 One instance per process (STAGES): the stages run in dataset code that has no access to the
 run, on two threads; a lock keeps the sums whole."""
@@ -88,3 +94,22 @@ class StageTimes:
 
 
 STAGES = StageTimes()
+
+WORKER_STAGES = ("read", "decode", "augment")  # a sample's loading, as a loader worker times it
+WORKER = StageTimes()  # a loader worker's stages since its last batch (empty in the trainer)
+
+
+def sample_stage(stage: str) -> contextlib.AbstractContextManager:
+    """Times one stage of loading a sample: in a loader worker into what its batch carries,
+    in the training process into STAGES."""
+    in_worker = torch.utils.data.get_worker_info() is not None
+    return (WORKER if in_worker else STAGES).timing(stage)
+
+
+def worker_batch_seconds() -> torch.Tensor | None:
+    """In a loader worker: its seconds in each of WORKER_STAGES since the last batch (the
+    batch just loaded), float64; None in the training process."""
+    if torch.utils.data.get_worker_info() is None:
+        return None
+    seconds = WORKER.take()
+    return torch.tensor([seconds.get(s, 0.0) for s in WORKER_STAGES], dtype=torch.float64)

@@ -44,7 +44,7 @@ from torchvision.transforms.v2 import functional as F
 
 from engine.config import ConfigError
 from engine.data.errors import DataError
-from engine.data.stages import STAGES
+from engine.data.stages import STAGES, sample_stage
 from engine.vision import resample
 from engine.vision.codec import decode_jpegs, decode_rgb, error_reason, read_bytes
 from engine.vision.imagefolder import FolderIndex, ImageFiles
@@ -232,10 +232,12 @@ class DeviceDecodedFiles(ImageFiles):
 
     def __getitem__(self, i: int) -> tuple[EncodedImage, int]:
         path = self.path(i)
-        data = read_bytes(path)
+        with sample_stage("read"):
+            data = read_bytes(path)
         size = None if self.decoded_in_worker(i) else device_jpeg_size(data)
         if size is None:
-            data = decode_rgb(data, path)
+            with sample_stage("decode"):
+                data = decode_rgb(data, path)
             size = tuple(data.shape[-2:])
         box, flip, out = None, False, self.cfg.eval_size
         if self.train:

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from engine.data.errors import DataError
 from engine.data.fingerprint import NAMES_LIMIT
+from engine.data.stages import sample_stage
 from engine.vision.codec import decode_rgb, read_bytes, require_decoder
 from engine.vision.images import IMAGENET_MEAN, IMAGENET_STD, normalise_on_device
 
@@ -390,9 +391,13 @@ class ImageFiles(Dataset):
         return read_bytes(self.path(i))
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        image = decode_rgb(self.read(i), self.path(i))
+        with sample_stage("read"):
+            data = self.read(i)
+        with sample_stage("decode"):
+            image = decode_rgb(data, self.path(i))
         if self.transform is not None:
-            image = self.transform(image)
+            with sample_stage("augment"):
+                image = self.transform(image)
         return image, int(self.labels[i])
 
     def finish_on_device(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -229,7 +229,13 @@ def markdown(found: list[Run], chart: str | None, headline: str) -> str:
             "metrics of its last evaluation in metrics.jsonl, not final ones; resuming it "
             "(the same run.name) finishes it.",
         ]
-    lines += time_breakdown(found) + profiles(found) + world_changes(found) + requeues(found)
+    lines += (
+        time_breakdown(found)
+        + worker_time(found)
+        + profiles(found)
+        + world_changes(found)
+        + requeues(found)
+    )
     lines += resumed_changes(found, "code") + resumed_changes(found, "data")
     notes = [note for run in found for note in run.metrics.notes] + untrained_notes(found)
     if notes:
@@ -247,6 +253,7 @@ TIME_SHARES = (
     ("checkpoint", "checkpoint"),
     ("forward_backward", "forward + backward"),
     ("optimizer", "optimizer"),
+    ("read", "read"),
     ("decode", "decode"),
     ("augment", "augment"),
     ("finish_thread", "finishing thread busy"),
@@ -287,6 +294,33 @@ def time_breakdown(found: list[Run]) -> list[str]:
         "",
         "| " + " | ".join(head) + " |",
         "|---|" + "---:|" * (len(head) - 1),
+        *rows,
+    ]
+
+
+WORKER_STAGES = ("read", "decode", "augment")  # engine.data.stages.WORKER_STAGES
+
+
+def worker_time(found: list[Run]) -> list[str]:
+    """Where the loader workers' time went: each run's mean seconds of worker time per batch
+    in reading, decoding and augmenting its samples (the windows after the first)."""
+    keys = [f"worker_{stage}_s" for stage in WORKER_STAGES]
+    windows = {run.name: run.metrics.train[1:] or run.metrics.train for run in found}
+    if not any(k in r for records in windows.values() for r in records for k in keys):
+        return []
+    rows = []
+    for run in found:
+        means = [_mean(windows[run.name], key) for key in keys]
+        cells = [run.name, *("–" if m is None else f"{m:.4g} s" for m in means)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return [
+        "",
+        "The loader workers' time per batch (seconds of worker time, summed over a batch's "
+        "samples and averaged over the windows after the first): where a starving run's "
+        "workers spend it.",
+        "",
+        "| run | read | decode | augment |",
+        "|---|---:|---:|---:|",
         *rows,
     ]
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine.data.prefetch import FinishAhead
-from engine.data.stages import STAGES, StageTimes
-from engine.meter import clocked
+from engine.data.stages import STAGES, StageTimes, sample_stage, worker_batch_seconds
+from engine.meter import clocked, slowest_worker_stage
 from tests.datagen_images import write_image_folder
 from tests.helpers import records
 
@@ -87,3 +87,18 @@ def test_every_train_record_says_where_its_window_went(tmp_path, train_here):
         assert rec["forward_backward"] + rec["optimizer"] <= rec["step_host"] + 1e-9
         assert "gpu_util" not in rec and "gpu_power_w" not in rec  # CUDA's, through NVML
     assert windows[-1]["step_s"] == pytest.approx(1 / windows[-1]["samples_per_s"] * 4)
+
+
+def test_the_starvation_warning_names_the_workers_slowest_stage():
+    rec = {"worker_read_s": 0.01, "worker_decode_s": 0.078, "worker_augment_s": 0.012}
+    assert slowest_worker_stage(rec) == "; its workers spend 78% of their time decoding"
+    assert slowest_worker_stage({"data_wait": 0.5}) == ""  # no worker loaded: nothing said
+
+
+def test_a_batch_loaded_in_the_training_process_carries_no_worker_time():
+    """worker_batch_seconds is a worker's: in this process the stages go to STAGES, and the
+    batch says nothing (None), so nothing is counted twice."""
+    STAGES.take()
+    with sample_stage("decode"):
+        time.sleep(0.01)
+    assert worker_batch_seconds() is None and STAGES.take()["decode"] >= 0.01

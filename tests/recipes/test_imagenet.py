@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from launch.analysis import report
 from tests.datagen_images import (
     plant_not_an_image,
     plant_truncated_jpeg,
@@ -48,6 +49,18 @@ def test_trains_through_jpeg_decode_with_workers_and_evaluates_each_image_once(t
     saved = (run_dir(tmp_path, "v1", "imagenet") / "config.yaml").read_text()
     assert "num_classes: 3" in saved  # followed the class folders
     assert final_checkpoint(tmp_path, "v1", "imagenet")["model"]["fc.weight"].shape[0] == 3
+
+    # Where the workers' time went: each record is one batch (log.every_steps=1) from one of
+    # the 2 workers, which timed reading, decoding and augmenting its samples and sent the
+    # sums with it; all of it fits in the 2 workers' wall time of the windows.
+    train = records(tmp_path, "v1", "train", "imagenet")
+    assert len(train) == 4
+    spent = [[r[f"worker_{s}_s"] for s in ("read", "decode", "augment")] for r in train]
+    assert all(seconds > 0 for batch in spent for seconds in batch), spent
+    assert sum(map(sum, spent)) <= 2 * sum(r["step_s"] for r in train)
+    found = report.read_runs([str(run_dir(tmp_path, "v1", "imagenet"))])
+    table = report.markdown(found, None, "top1")
+    assert "| run | read | decode | augment |" in table and "\n| v1 | " in table
 
 
 def test_ema_and_mixup_cutmix_run_resumes_bitwise(tmp_path, data, train_here):
