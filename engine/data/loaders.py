@@ -113,10 +113,10 @@ class SeededSamples(Dataset):
         self._set_epoch(keys.epoch)
         xs, ys, replaced = [], [], []
         for index, sample_seed in zip(keys.index.tolist(), keys.seeds(), strict=True):
-            x, y, _, r = self._load(index, sample_seed)
-            xs.append(x)
-            ys.append(y)
-            replaced.append(r)
+            sample = self._load(index, sample_seed)
+            xs.append(sample.x)
+            ys.append(sample.y)
+            replaced.append(sample.replaced)
         # as default_collate of the Samples would make it, field by field
         replaced = torch.tensor(replaced, dtype=torch.long)
         return Sample(

@@ -202,7 +202,7 @@ def test_an_undecodable_sample_from_a_shard_meets_todays_bad_sample_rule(command
         SeededSamples(build_datasets(cfg)[0])[(8, 77, 0)]
     train = SeededSamples(build_datasets(cfg)[0], skip_bad=True)
     with contextlib.redirect_stderr(io.StringIO()) as warned:
-        x, _, index, replaced = train[(8, 77, 0)]
+        x, _, index, replaced, _ = train[(8, 77, 0)]
     assert (index, replaced) == (8, 1) and "train-000001.tar (n00000001/" in warned.getvalue()
     assert torch.equal(x, train[(9, 77, 0)].x)
 
