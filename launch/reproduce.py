@@ -1,10 +1,11 @@
-"""`make reproduce RECIPE=digits`: the results a recipe's README claims, and their reruns.
+"""A recipe's claimed results, read and rerun: the helpers of `make reproduce`, whose
+command and verdict are launch.analysis.reproduce (above launching, which never imports the
+analysis).
 
-The claims are recipes/<recipe>/results.yaml: the headline metric, each claimed run's exact
-request (its overrides) and value, and the hardware they were measured on (cpu model,
-instruction set, torch version, date, commit). Each request is rerun here as a normal run
-under runs/reproduce/ (never beside the runs the README quotes); launch.analysis.reproduce
-judges the reruns against the claims and is the command itself.
+Reads recipes/<recipe>/results.yaml (the headline metric, each claimed run's exact request,
+its overrides, and value, and the hardware they were measured on: cpu model, instruction
+set, torch version, date, commit) and reruns each request here as a normal run under
+runs/reproduce/, never beside the runs the README quotes.
 """
 
 from __future__ import annotations
