@@ -164,8 +164,12 @@ def load_config(name: str, overrides: list[str], config: str = "") -> tuple[Conf
     recipe_yaml = read_yaml(config_path(name))
     variant, layer = config_layer(name, config)
     recipe = load(name)
-    sections = {"model": recipe.model_config, "data": recipe.data_config}
-    return resolve(name, recipe_yaml, overrides, sections, variant, layer), recipe
+    return resolve(name, recipe_yaml, overrides, recipe_sections(recipe), variant, layer), recipe
+
+
+def recipe_sections(recipe: Recipe) -> dict[str, type]:
+    """The config sections a recipe brings: its model's and its data's."""
+    return {"model": recipe.model_config, "data": recipe.data_config}
 
 
 def read_resolved(name: str, path: str) -> tuple[Config, Recipe]:
@@ -178,8 +182,7 @@ def read_resolved(name: str, path: str) -> tuple[Config, Recipe]:
         raise ConfigError(f"--resolved {path} is a config of recipe {recorded!r}, not of {name!r}")
     variant = layer.get("variant") or ""
     recipe = load(name)
-    sections = {"model": recipe.model_config, "data": recipe.data_config}
-    return resolve(name, {}, [], sections, variant, layer), recipe
+    return resolve(name, {}, [], recipe_sections(recipe), variant, layer), recipe
 
 
 RESOLUTIONS_LOG = "RECIPES_RESOLUTIONS_LOG"  # tests: a file each resolution appends a line to
