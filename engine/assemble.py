@@ -4,6 +4,7 @@ optimizer and schedule, then the run directory claimed and its records started."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ def check_request(
 ) -> None:
     """What the recipe and strategy cannot do, refused before anything is built or written."""
     P.check_layout(cfg, world_size)
+    P.check_tensor_parallel(cfg, recipe)
     if strategy.fsdp:
         P.check_fsdp(cfg.dist, device, dtype, cfg.ema.decay > 0)
     if cfg.eval.hflip_tta and recipe.mirror is None:
@@ -104,10 +106,12 @@ def setup(
     writes nothing."""
     run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
     mode = wandb_mode(cfg.log) if denv.is_main else "off"
-    plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.world_size)
+    denv = dataclasses.replace(denv, tp=cfg.dist.tp)
     dtype = amp_dtype(cfg.train.amp, device)
     strategy = P.resolve_strategy(cfg.dist.strategy, denv)
     check_request(cfg, recipe, strategy, device, dtype, denv.world_size)
+    # the global batch is split over the data-parallel ranks (a TP group reads one part)
+    plan = plan_batches(cfg.train.batch_size, cfg.train.micro_batch_size, denv.dp_size)
     decided = Decisions(cfg, recipe, denv, device, strategy, plan, dtype)
     seed_process(cfg.seed, denv.rank)
     data = build_datasets(cfg, recipe)
@@ -139,6 +143,7 @@ def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.dev
     """What evaluation alone needs (engine.eval_only): the data and the model, placed as
     training places it (sharded under FSDP), with no optimizer, training batch, sampler or
     loader, and no run directory claimed or written."""
+    denv = dataclasses.replace(denv, tp=cfg.dist.tp)
     dtype = amp_dtype(cfg.train.amp, device)
     strategy = P.resolve_strategy(cfg.dist.strategy, denv)
     check_request(cfg, recipe, strategy, device, dtype, denv.world_size)
@@ -209,7 +214,7 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
         log(P.describe_mesh(cfg.dist, decided.denv.world_size))
     wrapped, eval_model = P.wrap(
         model, P.recipe_blocks(recipe, model, cfg), cfg, strategy, decided.denv, device,
-        decided.plan.accum_steps if decided.plan else 1, decided.dtype,
+        decided.plan.accum_steps if decided.plan else 1, decided.dtype, recipe.parallelize,
     )  # fmt: skip
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
@@ -238,7 +243,7 @@ def assemble(decided: Decisions, run_dir: Path, net: Network, data: tuple) -> Ru
     """The run at step 0: its parts built for the placed model."""
     cfg, denv, device = decided.cfg, decided.denv, decided.device
     train_data, eval_data = data
-    sampler = GlobalBatchSampler(len(train_data), decided.plan, denv.rank, cfg.seed)
+    sampler = GlobalBatchSampler(len(train_data), decided.plan, denv.dp_rank, cfg.seed)
     total = cfg.train.max_steps or cfg.train.epochs * sampler.steps_per_epoch
     run = Run(
         cfg=cfg,

@@ -317,7 +317,7 @@ def check_or_print(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int
     """--check N: the checks a launch of N processes makes first; --print-config: the config.
     Neither writes anything."""
     if request.check:
-        preflight(cfg, *request.check)
+        preflight(cfg, *request.check, recipe=recipe)
         check_supported(task_of(recipe), cfg.train, cfg.mix)  # refused here, not on a compute node
         if note := wandb_missing_note(cfg.log):
             print(note, file=sys.stderr)
@@ -351,7 +351,8 @@ def make_shards(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
 def run(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int:
     denv = D.read_env()  # a half-set environment is a user error too
     spawn = request.spawn
-    preflight(cfg, spawn if spawn > 1 else denv.world_size, training=not request.evaluate)
+    sizes = spawn if spawn > 1 else denv.world_size
+    preflight(cfg, sizes, training=not request.evaluate, recipe=recipe)
     if spawn > 1:
         return spawn_resolved(spawn, request, cfg)
     if request.evaluate:
@@ -387,14 +388,19 @@ def one_line(err: Exception) -> str:
     return last.removeprefix(prefix).removeprefix(f"{type(err).__name__}: ")
 
 
-def preflight(cfg: C.Config, *world_sizes: int, training: bool = True) -> None:
+def preflight(
+    cfg: C.Config, *world_sizes: int, training: bool = True, recipe: Recipe | None = None
+) -> None:
     """Checks that need the world size (several: every one an elastic run may take), done
     once before any process starts or writes; read-only (`--check N` runs exactly these).
     Evaluation alone splits no training batch, so any process count scores."""
-    if training:
-        check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, sorted(set(world_sizes)))
     for world_size in sorted(set(world_sizes)):
         P.check_layout(cfg, world_size)
+    if training:  # the batch is split over the data-parallel ranks: world / dist.tp
+        replicas = sorted({w // cfg.dist.tp for w in world_sizes})
+        check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, replicas)
+    if recipe is not None:
+        P.check_tensor_parallel(cfg, recipe)
     if cfg.device == "cpu":
         amp_dtype(cfg.train.amp, torch.device("cpu"))
     if cfg.run.name:

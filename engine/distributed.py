@@ -39,10 +39,23 @@ class DistEnv:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     source: str = "single"  # single | torchrun | slurm
+    # processes per tensor-parallel group (dist.tp; set by the run, not read from the
+    # environment): tp consecutive ranks hold one data-parallel rank's batch together
+    tp: int = 1
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's data-parallel rank: which part of each global batch it reads."""
+        return self.rank // self.tp
+
+    @property
+    def dp_size(self) -> int:
+        """How many parts each global batch is split into (the world without tp's copies)."""
+        return self.world_size // self.tp
 
     @property
     def distributed(self) -> bool:
@@ -195,18 +208,31 @@ def restart_safe_store(denv: DistEnv, timeout: datetime.timedelta):
     return dist.PrefixStore(f"recipes/attempt-{attempt}", store)
 
 
+# The data-parallel group under tensor parallelism (None: the world). Sums of data (losses,
+# counts, sample ids) go over it: every rank of a TP group holds the same batch, and summing
+# over the world would count each sample tp times.
+_data_group = None
+
+
+def use_data_group(group) -> None:
+    global _data_group
+    _data_group = group
+
+
 def shutdown() -> None:
     """Destroy the process group, once the caller has dropped what holds it (the wrapped
     model): gloo's threads end here, not during interpreter shutdown. DDP's reducer and its
     hooks form reference cycles, hence the collection first."""
+    use_data_group(None)
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum over the data-parallel ranks (each batch counted once), on every rank."""
     if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=_data_group)
     return tensor
 
 
@@ -267,12 +293,14 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
-def gather_objects(obj) -> list:
-    """Every rank's obj, in rank order, on every rank."""
+def gather_objects(obj, data: bool = False) -> list:
+    """Every rank's obj, in rank order, on every rank; data=True: every data-parallel rank's
+    (e.g. the samples each read: a TP group's ranks read the same)."""
     if not dist.is_initialized():
         return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    group = _data_group if data else None
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 

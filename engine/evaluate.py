@@ -64,8 +64,8 @@ def evaluate(run: Run, model: nn.Module) -> dict:
     loader = eval_loader(
         run.feed.eval_data,
         run.cfg.eval.batch_size,
-        run.denv.rank,
-        run.denv.world_size,
+        run.denv.dp_rank,
+        run.denv.dp_size,
         run.cfg.loader,
         run.device,
         run.health.skip_bad,
@@ -122,7 +122,7 @@ def first_sample(run: Run):
 
 def write_ids(run: Run, record: dict) -> None:
     """log.sample_ids: which samples each rank evaluated, to eval_samples.jsonl (tests)."""
-    record["ids_by_rank"] = D.gather_objects(record["ids_by_rank"])
+    record["ids_by_rank"] = D.gather_objects(record["ids_by_rank"], data=True)
     if run.denv.is_main:
         with (run.run_dir / "eval_samples.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")

@@ -87,7 +87,7 @@ class Meter:
     def record(self, run: Run, loss_over_ranks: float, grad_norm: float) -> dict:
         """The window's record, given the window's loss summed over the ranks and its
         gradient norms summed (the same on every rank), both read by the caller at once."""
-        loss = loss_over_ranks / run.denv.world_size
+        loss = loss_over_ranks / run.denv.dp_size
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         rec = {
             "kind": "train",

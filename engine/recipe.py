@@ -90,6 +90,13 @@ class Recipe:
     # training reads instead (make shards; image recipes: engine.vision.shards), with progress,
     # and continues where a stopped run left off. None: the recipe's data has no shard form.
     make_shards: Callable[[Any], None] | None = None
+    # Tensor parallelism (dist.tp): parallelize(model, mesh) applies the model's plan in place
+    # on the 1-D tensor-parallel mesh (torch's parallelize_module; the engine owns the mesh,
+    # FSDP and the rest), and check_tp(model_config, data_config, tp) raises a one-line
+    # ConfigError for what the plan cannot split (e.g. heads not divisible by tp). None: the
+    # model has no plan and dist.tp > 1 is refused.
+    parallelize: Callable[[nn.Module, Any], None] | None = None
+    check_tp: Callable[[Any, Any, int], None] | None = None
 
 
 # ---------------------------------------------------------------- the config sections

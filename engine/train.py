@@ -34,7 +34,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
     """One optimizer step over this rank's micro batches; returns the summed loss and the
     gradient norm (both detached, on the device: reading them would sync the host)."""
     accum = len(micro_batches)
-    scale = run.denv.world_size / global_count(run, micro_batches)
+    scale = run.denv.dp_size / global_count(run, micro_batches)
     smoothing = run.cfg.train.label_smoothing
     total, device = None, run.device
     for j, batch in enumerate(micro_batches):
@@ -44,9 +44,10 @@ def train_step(run: Run, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
         sync = P.gradient_sync(run.net.model, run.net.strategy, last=j == accum - 1)
         with sync, STAGES.device_time("forward_backward", device):
             with run.autocast(), phase("forward"):
-                # DDP and FSDP average gradients over ranks: x world size / global count
-                # makes the step's gradient that of the loss summed over the global batch
-                # divided by its count, for any world size and accumulation.
+                # DDP and FSDP average gradients over the data-parallel ranks: x their
+                # count / global count makes the step's gradient that of the loss summed
+                # over the global batch divided by its count, for any world size, tensor
+                # parallel split and accumulation.
                 loss = run.task.train_loss(run.net.model(x), y, smoothing) * scale
             if injected_nan(run):
                 loss = loss * float("nan")
@@ -78,7 +79,7 @@ def global_count(run: Run, micro_batches: list) -> float | torch.Tensor:
 def micro_position(run: Run, j: int) -> int:
     """The epoch position of micro batch j's first sample: the same for any world size."""
     plan = run.feed.sampler.plan
-    return run.progress.position + run.denv.rank * plan.per_rank + j * plan.micro_batch
+    return run.progress.position + run.denv.dp_rank * plan.per_rank + j * plan.micro_batch
 
 
 def injected_nan(run: Run) -> bool:
@@ -212,7 +213,7 @@ def stop_reason(run: Run) -> str | None:
 
 def write_sample_ids(run: Run, micro: list) -> None:
     ids = torch.cat([b.index for b in micro]).tolist()
-    gathered = D.gather_objects(ids)
+    gathered = D.gather_objects(ids, data=True)
     if run.denv.is_main:
         with (run.run_dir / "samples.jsonl").open("a") as f:
             f.write(

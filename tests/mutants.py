@@ -173,6 +173,24 @@ PLANTS = (
         "    lo = max(n * rank // world_size - 1, 0)\n",
         ("tests/engine/test_eval_batches.py",),
     ),
+    Plant(
+        "tensor parallel: the MLP's output projection split by rows",
+        "recipes/gpt/parallel.py",
+        '        "mlp.proj": RowwiseParallel(output_layouts=sequence),\n',
+        '        "mlp.proj": ColwiseParallel(),\n',
+        (
+            "tests/engine/parallel/test_tensor_parallel.py::test_tensor_parallel_trains_like_one_process_on_the_same_samples",
+        ),
+    ),
+    Plant(
+        "tensor parallel: a TP group is consecutive ranks reading one batch",
+        "engine/parallel/__init__.py",
+        '    mesh = fsdp.device_mesh(device, (denv.dp_size, strategy.tp), ("shard", "tp"))\n',
+        '    mesh = fsdp.device_mesh(device, (strategy.tp, denv.dp_size), ("tp", "shard"))\n',
+        (
+            "tests/engine/parallel/test_tensor_parallel.py::test_tensor_parallel_trains_like_one_process_on_the_same_samples",
+        ),
+    ),
 )
 
 

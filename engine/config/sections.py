@@ -234,6 +234,10 @@ class DistConfig:
     # within groups of world size / replicate consecutive ranks (a node) and replicated
     # across the replicate groups; 1: sharded over all processes. Must divide the world size.
     replicate: int = bounded(1, ge=1)
+    # tensor parallelism: the recipe's layers split over groups of tp consecutive ranks (a
+    # node's processes; Megatron's split through DTensor), FSDP2 over the world / tp groups
+    # on a 2-D mesh. Needs dist.strategy=fsdp and a recipe with a plan (gpt). 1: off.
+    tp: int = bounded(1, ge=1)
 
 
 @dataclass

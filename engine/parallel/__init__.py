@@ -1,5 +1,6 @@
 """How one model is spread over the processes: one process (none), DataParallel (dp), DDP,
-or FSDP2 (fsdp), with activation checkpointing and compilation applied in the right order.
+FSDP2 (fsdp), or tensor parallelism (dist.tp, with FSDP2 across it), with activation
+checkpointing and compilation applied in the right order.
 
 FSDP, DTensor and activation checkpointing are imported only by runs that use them: their
 imports cost seconds of start-up."""
@@ -22,15 +23,19 @@ class Strategy:
     """How the model is spread over the processes, resolved once per run (resolve_strategy);
     everything that depends on it reads this value."""
 
-    name: str  # what runs: "none", "dp", "ddp" or "fsdp"
+    # what runs: "none", "dp", "ddp", "fsdp" (FSDP2 over the data-parallel ranks, with
+    # tensor parallelism inside them when tp > 1) or "tp" (tensor parallelism alone: one
+    # data-parallel rank)
+    name: str
     # dist.strategy=fsdp was asked for: its checks and its sharded checkpoints apply even in
     # one process, where there is nothing to shard (so the run can go back to several).
     fsdp: bool = False
+    tp: int = 1  # processes per tensor-parallel group
 
     @property
     def shards(self) -> bool:
-        """Parameters, gradients and optimizer states are DTensor shards (FSDP2)."""
-        return self.name == "fsdp"
+        """Parameters, gradients and optimizer states are DTensors (FSDP2's or TP's shards)."""
+        return self.name in ("fsdp", "tp")
 
 
 def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
@@ -43,6 +48,8 @@ def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
     if requested == "auto":
         return Strategy("ddp" if denv.distributed else "none")
     if requested == "fsdp":
+        if denv.tp > 1:
+            return Strategy("fsdp" if denv.dp_size > 1 else "tp", fsdp=True, tp=denv.tp)
         return Strategy("fsdp" if denv.distributed else "none", fsdp=True)
     if requested == "ddp" and not denv.distributed:
         return Strategy("none")
@@ -59,9 +66,10 @@ def mesh_shape(dcfg: DistConfig, world_size: int) -> tuple[int, ...]:
 
 
 def check_layout(cfg: Config, world_size: int) -> None:
-    """What dist.replicate and ckpt.async_save need of a run on world_size processes, said
-    before any process starts (engine.cli.preflight) and again at set-up."""
+    """What dist.replicate, dist.tp and ckpt.async_save need of a run on world_size
+    processes, said before any process starts (engine.cli.preflight) and again at set-up."""
     replicate, fsdp = cfg.dist.replicate, cfg.dist.strategy == "fsdp"
+    check_tp_layout(cfg, world_size)
     if replicate > 1 and not fsdp:
         raise ConfigError(
             f"dist.replicate={replicate} is hybrid sharding, which needs dist.strategy=fsdp "
@@ -82,8 +90,59 @@ def check_layout(cfg: Config, world_size: int) -> None:
         )
 
 
+def check_tp_layout(cfg: Config, world_size: int) -> None:
+    """dist.tp's rules that do not depend on the recipe (check_tensor_parallel has those)."""
+    tp = cfg.dist.tp
+    if tp == 1:
+        return
+    if cfg.dist.strategy != "fsdp":
+        raise ConfigError(
+            f"dist.tp={tp} is tensor parallelism, which runs with FSDP2 over the data-parallel "
+            f"ranks: set dist.strategy=fsdp (it is {cfg.dist.strategy})"
+        )
+    if world_size % tp:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(
+            f"dist.tp={tp} does not divide the {world_size} processes of this run; use a "
+            f"divisor of {world_size} ({', '.join(map(str, fits))}), at most a node's GPUs"
+        )
+    unsupported = {
+        "dist.replicate": cfg.dist.replicate > 1,
+        "train.compile=on": cfg.train.compile == "on",
+        "ckpt.async_save": cfg.ckpt.async_save,
+        "dist.cpu_offload": cfg.dist.cpu_offload,
+    }
+    for name, asked in unsupported.items():
+        if asked:
+            raise ConfigError(
+                f"{name} with dist.tp={tp}: not supported with tensor parallelism yet "
+                "(docs/sharding.md); unset one of them"
+            )
+
+
+def check_tensor_parallel(cfg: Config, recipe) -> None:
+    """What the recipe's plan needs (e.g. heads divisible by tp), in one line, or that the
+    recipe has a plan at all."""
+    if cfg.dist.tp == 1:
+        return
+    if recipe.parallelize is None or recipe.init_weights is None:
+        raise ConfigError(
+            f"dist.tp={cfg.dist.tp}: recipe '{cfg.recipe}' declares no tensor-parallel plan "
+            "(Recipe.parallelize, with init_weights; the gpt recipe has both); unset dist.tp"
+        )
+    if recipe.check_tp is not None:
+        recipe.check_tp(cfg.model, cfg.data, cfg.dist.tp)
+
+
 def describe_mesh(dcfg: DistConfig, world_size: int) -> str:
-    """The mesh FSDP runs on, for the run's log."""
+    """The mesh FSDP (and tensor parallelism) run on, for the run's log."""
+    if dcfg.tp > 1:
+        dp = world_size // dcfg.tp
+        return (
+            f"tensor parallel on a 2-D mesh (data={dp}, tp={dcfg.tp}): each layer split over "
+            f"groups of {dcfg.tp} consecutive ranks"
+            + (f", FSDP2 over the {dp} groups" if dp > 1 else ", one data-parallel rank")
+        )
     shape = mesh_shape(dcfg, world_size)
     if len(shape) == 1:
         return f"FSDP2 on a 1-D mesh: sharded over {world_size} processes"
@@ -113,8 +172,10 @@ def wrap(
     device: torch.device,
     accum_steps: int,
     amp: torch.dtype | None,
+    plan=None,
 ) -> tuple[nn.Module, nn.Module]:
-    """(the model to train, the model to evaluate). Activation checkpointing first, then
+    """(the model to train, the model to evaluate). plan: the recipe's tensor-parallel plan
+    (Recipe.parallelize), applied when dist.tp > 1. Activation checkpointing first, then
     sharding or replication. Evaluation runs a compiled bare model (no DDP in its graph) for
     static shapes: one graph at the eval batch size (the loop pads the last batch).
 
@@ -129,6 +190,8 @@ def wrap(
         from engine.parallel.activations import checkpoint_blocks  # start-up time
 
         checkpoint_blocks(blocks)
+    if strategy.tp > 1:
+        return tensor_parallel(model, blocks, cfg, strategy, denv, device, amp, plan)
     if strategy.shards:
         from engine.parallel import fsdp  # start-up time: FSDP and DTensor imports
 
@@ -146,6 +209,32 @@ def wrap(
     if strategy.name == "dp":  # DataParallel replicates per call, which dynamo cannot trace
         return nn.DataParallel(torch.compile(model) if compiled else model), eval_model
     return (torch.compile(model) if compiled else model), eval_model
+
+
+def tensor_parallel(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    cfg: Config,
+    strategy: Strategy,
+    denv: D.DistEnv,
+    device: torch.device,
+    amp: torch.dtype | None,
+    plan,
+) -> tuple[nn.Module, nn.Module]:
+    """torchtitan's order: the recipe's plan on the tensor-parallel dimension first, then
+    activation checkpointing (applied by wrap already: it wraps modules, not parameters),
+    then FSDP2 over the data-parallel one. The mesh is (world / tp, tp), row-major: a TP
+    group is tp consecutive ranks (a node's processes), the data-parallel groups stride
+    across them. Reductions of data (losses, counts) go over the data-parallel group only:
+    a TP group's ranks hold the same batch."""
+    from engine.parallel import fsdp  # start-up time: FSDP and DTensor imports
+
+    mesh = fsdp.device_mesh(device, (denv.dp_size, strategy.tp), ("shard", "tp"))
+    D.use_data_group(mesh["shard"].get_group())
+    plan(model, mesh["tp"])
+    if strategy.name == "fsdp":
+        fsdp.shard(model, blocks, mesh["shard"], cfg.dist, amp)
+    return model, model
 
 
 def compile_in_place(module: nn.Module, **options) -> None:
@@ -182,7 +271,7 @@ def ddp_wrap(model: nn.Module, dcfg: DistConfig, device: torch.device, accum_ste
 def gradient_sync(model: nn.Module, strategy: Strategy, last: bool):
     """A context for one micro batch's backward: gradients are reduced over the processes on
     the last micro batch of a step only (DDP's no_sync, FSDP's requires_gradient_sync)."""
-    if strategy.shards:
+    if strategy.name == "fsdp":
         model.set_requires_gradient_sync(last)  # FSDP2
         return contextlib.nullcontext()
     if last or strategy.name != "ddp":

@@ -15,11 +15,14 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from engine.config import ConfigError, DistConfig
 
 
-def device_mesh(device: torch.device, shape: tuple[int, ...]) -> DeviceMesh:
+def device_mesh(
+    device: torch.device, shape: tuple[int, ...], names: tuple[str, ...] = ()
+) -> DeviceMesh:
     """(world,): one dimension over all processes (the data-parallel and sharding one).
     (replicate, shard): fully_shard on a 2-D mesh is HSDP, parameters placed (Replicate(),
-    Shard(0)): reduce-scattered within a shard group, then all-reduced across the groups."""
-    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    Shard(0)): reduce-scattered within a shard group, then all-reduced across the groups.
+    (shard, tp) with names given: FSDP2 over the first, tensor parallelism over the second."""
+    names = names or (("shard",) if len(shape) == 1 else ("replicate", "shard"))
     return init_device_mesh(device.type, shape, mesh_dim_names=names)
 
 

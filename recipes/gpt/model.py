@@ -32,20 +32,32 @@ class ModelConfig:
 
 
 class SelfAttention(nn.Module):
+    """Causal self-attention. Query, key and value are three projections, not one fused
+    [3D, D] matrix: tensor parallelism splits each by output rows (recipes/gpt/parallel.py),
+    and a contiguous split of a fused matrix would hand a rank all the queries and none of
+    the values. The forward counts heads from its input (-1), so a rank that holds
+    n_head / tp heads' columns runs the same code."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head, self.dropout = cfg.n_head, cfg.dropout
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.head_dim, self.dropout = cfg.d_model // cfg.n_head, cfg.dropout
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # a residual output
         self.drop = nn.Dropout(cfg.dropout)
 
+    def heads(self, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+        """[B, T, D] -> [B, H, T, D/H] (H: the heads this process holds)."""
+        b, t = x.shape[:2]
+        return linear(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        # [B, T, 3D] -> three [B, H, T, D/H]
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)
+        b, t = x.shape[:2]
+        q, k, v = (self.heads(x, linear) for linear in (self.q, self.k, self.v))
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
+        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 
 class MLP(nn.Module):
@@ -123,8 +135,12 @@ INIT = {
     "pos_emb.weight": "normal",
     "blocks.*.ln_1.weight": "ones",
     "blocks.*.ln_1.bias": "zeros",
-    "blocks.*.attn.qkv.weight": "normal",
-    "blocks.*.attn.qkv.bias": "zeros",
+    "blocks.*.attn.q.weight": "normal",
+    "blocks.*.attn.q.bias": "zeros",
+    "blocks.*.attn.k.weight": "normal",
+    "blocks.*.attn.k.bias": "zeros",
+    "blocks.*.attn.v.weight": "normal",
+    "blocks.*.attn.v.bias": "zeros",
     "blocks.*.attn.proj.weight": "residual",
     "blocks.*.attn.proj.bias": "zeros",
     "blocks.*.ln_2.weight": "ones",

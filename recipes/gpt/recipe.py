@@ -1,5 +1,6 @@
 from engine.recipe import Recipe
 from engine.tasks import NextToken
+from recipes.gpt import parallel
 from recipes.gpt.data import DataConfig, build_datasets, check_data
 from recipes.gpt.model import ModelConfig, blocks, build_model, flops_per_token, init_weights
 
@@ -15,4 +16,6 @@ RECIPE = Recipe(
     flops_per_sample=lambda model, data: flops_per_token(model, data.block_size) * data.block_size,
     units_per_sample=lambda data: data.block_size,
     check_data=check_data,
+    parallelize=parallel.parallelize,
+    check_tp=parallel.check,
 )
