@@ -62,6 +62,8 @@ docstring says what its figures mean:
   determinism         determinism.py  two runs and a stop/resume: final weights bitwise equal?
   gpt                 gpt.py         (f) recipes/gpt tokens/s, MFU (also at micro batch 32 and
                                      64) and memory against its estimate
+  tensor_parallel     tensor_parallel.py  (g) gpt 124m on two GPUs, dist.tp=1 against tp=2
+                                     (skipped with fewer than two GPUs)
   memory_and_mfu      memory_mfu.py  (e) every path's memory high-water mark and MFU in one table
 
 The plumbing they share: sizes.py (names and parts, budget, targets, references, full and

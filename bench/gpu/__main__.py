@@ -15,7 +15,16 @@ from pathlib import Path
 import torch
 
 from bench.gpu import __doc__ as PACKAGE_DOC
-from bench.gpu import cifar10, decode_stages, determinism, gpt, jpeg, recompiles, resnet
+from bench.gpu import (
+    cifar10,
+    decode_stages,
+    determinism,
+    gpt,
+    jpeg,
+    recompiles,
+    resnet,
+    tensor_parallel,
+)
 from bench.gpu.compile_log import use_compile_backend, watch_recompiles
 from bench.gpu.harness import (
     REPO,
@@ -37,6 +46,7 @@ RUNNERS = {
     "cifar10_fast": cifar10.cifar10_fast,
     "compile_recompiles": recompiles.compile_recompiles,
     "determinism": determinism.determinism,
+    "tensor_parallel": tensor_parallel.tensor_parallel,
 }
 SUMMARIES = {  # the printed summary's order: the run order, (e) in the JSON only
     "resnet50_synthetic": resnet.summary,
@@ -46,6 +56,7 @@ SUMMARIES = {  # the printed summary's order: the run order, (e) in the JSON onl
     "compile_recompiles": recompiles.summary,
     "determinism": determinism.summary,
     "gpt": gpt.summary,
+    "tensor_parallel": tensor_parallel.summary,
 }
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from engine import distributed as D
 from engine.config import Config, ConfigError, DistConfig
 from engine.speed import compile_enabled
+from engine.tracking import log
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,8 @@ def wrap(
 
         checkpoint_blocks(blocks)
     if strategy.tp > 1:
+        if compiled and denv.is_main:  # train.compile=on with dist.tp is refused at check
+            log("train.compile=auto: off under dist.tp (tensor parallelism does not compile yet)")
         return tensor_parallel(model, blocks, cfg, strategy, denv, device, amp, plan)
     if strategy.shards:
         from engine.parallel import fsdp  # start-up time: FSDP and DTensor imports

@@ -1,4 +1,5 @@
-"""An ESTIMATE of the per-GPU memory of a variant under DDP and under FSDP on 8 GPUs, computed
+"""An ESTIMATE of the per-GPU memory of a variant under DDP, under FSDP on 8 GPUs and under FSDP
+across 2 groups of 4 tensor-parallel GPUs (dist.tp=4), computed
 from the config (nothing is allocated or measured): `python -m recipes.gpt.memory [variant]`
 (default 1b; `config` for config.yaml) prints a Markdown table.
 
@@ -13,7 +14,15 @@ activations), without its 5 * a * s^2 * b attention-score term, which SDPA's fla
 memory-efficient kernels never store. With activation checkpointing: each block's input,
 2 * s * b * h bytes per layer, plus one block's full activations while it is recomputed. Left
 out: the logits and loss (s * b * 256 values), the CUDA context, allocator fragmentation and
-communication buffers."""
+communication buffers.
+
+Tensor parallelism (dist.tp=t, with sequence parallelism: recipes/gpt/parallel.py) splits every
+matrix of a block and every activation of the residual stream over the t GPUs of its group,
+and FSDP shards what each holds over the world / t groups: the states are divided by all the
+GPUs (the LayerNorm weights, replicated within a group, are left out: 2 d_model per layer),
+the gathered bf16 units and the activations per micro batch by t (Korthikanti et al.'s
+34 * s * b * h / t with sequence parallelism), the micro batch being each data-parallel
+group's."""
 
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ from engine import catalog
 from recipes.gpt.model import ModelConfig, build_model
 
 GPUS = 8
+TP = 4  # the tensor-parallel column: FSDP over GPUS / TP groups of TP GPUs
 GIB = 2**30
 
 
@@ -54,10 +64,10 @@ def unit_sizes(cfg: ModelConfig) -> tuple[int, int]:
     return total, max(*per_block, total - sum(per_block))
 
 
-def state_bytes(params: int, largest_unit: int, shards: int) -> dict[str, float]:
+def state_bytes(params: int, largest_unit: int, shards: int, tp: int = 1) -> dict[str, float]:
     """Weights, gradients and AdamW moments (fp32), split over `shards` GPUs (1: DDP), and the
-    bf16 weights in use."""
-    in_use = 2 * params if shards == 1 else 2 * 2 * largest_unit
+    bf16 weights in use (a tensor-parallel GPU gathers 1 / tp of each unit)."""
+    in_use = 2 * params if shards == 1 else 2 * 2 * largest_unit / tp
     return {
         "weights": 4 * params / shards,
         "gradients": 4 * params / shards,
@@ -74,17 +84,17 @@ def activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, checkpoin
 
 
 def estimate(setup: Setup, gpus: int = GPUS) -> dict[str, dict[str, float]]:
-    """Per-GPU bytes by row, for "ddp" and "fsdp"."""
+    """Per-GPU bytes by row, for "ddp", "fsdp" and "tp" (FSDP over gpus / TP groups)."""
     params, unit = unit_sizes(setup.model)
     acts = {
         ck: activation_bytes(setup.model, setup.seq_len, setup.micro_batch, ck) for ck in (0, 1)
     }
     out = {}
-    for strategy, shards in (("ddp", 1), ("fsdp", gpus)):
-        rows = state_bytes(params, unit, shards)
+    for strategy, shards, tp in (("ddp", 1, 1), ("fsdp", gpus, 1), ("tp", gpus, TP)):
+        rows = state_bytes(params, unit, shards, tp)
         states = sum(rows.values())
-        rows |= {"acts": acts[0], "acts_ckpt": acts[1]}
-        rows |= {"total": states + acts[0], "total_ckpt": states + acts[1]}
+        rows |= {"acts": acts[0] / tp, "acts_ckpt": acts[1] / tp}
+        rows |= {"total": states + rows["acts"], "total_ckpt": states + rows["acts_ckpt"]}
         out[strategy] = rows
     return out
 
@@ -93,7 +103,7 @@ LABELS = {
     "weights": "weights, fp32 (4 B/param)",
     "gradients": "gradients, fp32 (4 B/param)",
     "adamw": "AdamW moments, fp32 (8 B/param)",
-    "bf16": "bf16 weights in use (DDP: all; FSDP: two gathered units)",
+    "bf16": "bf16 weights in use (DDP: all; FSDP: two gathered units; TP: 1/tp of them)",
     "acts": "activations, no checkpointing (34·s·b·h per layer)",
     "acts_ckpt": "activations, checkpointing (2·s·b·h per layer + one block's 34·s·b·h)",
     "total": "**total, no activation checkpointing**",
@@ -108,14 +118,15 @@ def table(setup: Setup, gpus: int = GPUS) -> str:
     lines = [
         f"Estimated per-GPU memory of `{setup.variant}` ({params:,} parameters; "
         f"{m.n_layer} layers, d_model {m.d_model}; micro batch {setup.micro_batch} x "
-        f"{setup.seq_len} tokens per GPU; bf16 autocast, fp32 weights, AdamW), computed by "
+        f"{setup.seq_len} tokens per GPU, per group of {TP} in the last column; bf16 autocast, fp32 weights, AdamW), computed by "
         f"`python -m recipes.gpt.memory {setup.variant}`: an estimate, not a measurement.",
         "",
-        f"| GiB per GPU | DDP | FSDP, {gpus} GPUs |",
-        "|---|---:|---:|",
+        f"| GiB per GPU | DDP | FSDP, {gpus} GPUs | FSDP {gpus // TP} x TP {TP} (`dist.tp={TP}`) |",
+        "|---|---:|---:|---:|",
     ]
     for key, label in LABELS.items():
-        lines.append(f"| {label} | {est['ddp'][key] / GIB:.2f} | {est['fsdp'][key] / GIB:.2f} |")
+        cells = " | ".join(f"{est[s][key] / GIB:.2f}" for s in ("ddp", "fsdp", "tp"))
+        lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ MEASUREMENTS = [
     "compile_recompiles",
     "determinism",
     "gpt",
+    "tensor_parallel",
     "memory_and_mfu",
 ]
 NEEDS_CUDA = {"cifar10_fast.airbench94"}  # skipped on a CPU, with the reason
@@ -225,6 +226,9 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
         entry = part_entry(m, key)
         assert entry["status"] == "skipped" and "needs CUDA" in entry["reason"], (key, entry)
     assert "gpu.sh: airbench (cifar10_fast.airbench94) is missing" in done.stdout
+    tp = m["tensor_parallel"]  # says why it did not run, in the JSON and the summary
+    assert tp["status"] == "skipped" and "tp=2 against tp=1 needs two" in tp["reason"], tp
+    assert "(g) tensor parallel: skipped (0 GPU(s) here" in done.stdout
     for name, entry in m.items():
         assert entry["status"] in ("ok", "error", "skipped", "not present"), name
         if entry["status"] == "error":
@@ -314,6 +318,7 @@ def parts_that_run_on_a_cpu() -> list[str]:
         and (split or ".split." not in k)
         and (not k.startswith(engine_runs) or k in made)
         and (k != "determinism.compiled" or SMOKE.determinism_compiled)
+        and not k.startswith("tensor_parallel.")  # two GPUs
     ]
 
 

@@ -152,6 +152,13 @@ def test_readme_memory_table_is_the_scripts_output():
     assert out.stdout.strip() in readme
 
 
+def test_tensor_parallel_divides_activations_and_gathered_weights_by_tp():
+    est = memory.estimate(memory.load("1b"))
+    for key in ("acts", "acts_ckpt", "bf16"):
+        assert est["tp"][key] == pytest.approx(est["fsdp"][key] / memory.TP), key
+    assert est["tp"]["weights"] == est["fsdp"]["weights"]  # sharded over every GPU either way
+
+
 def test_fsdp_needs_less_memory_per_gpu_than_ddp():
     est = memory.estimate(memory.load("1b"))
     assert est["fsdp"]["total"] < est["ddp"]["total"]

@@ -52,7 +52,8 @@ def tp2(root):
 
 @pytest.fixture(scope="module")
 def tp2_fsdp2(root):
-    gpt(root, "tp2-fsdp2", *TP, procs=4)
+    """The 1b variant's layout in small: TP inside groups, FSDP across, blocks recomputed."""
+    gpt(root, "tp2-fsdp2", *TP, "train.activation_checkpointing=true", procs=4)
     return root
 
 
@@ -63,8 +64,8 @@ def checkpoint(root, name: str, step: int):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_tensor_parallel_trains_like_one_process_on_the_same_samples(one, tp2, tp2_fsdp2):
-    """tp=2 (one data-parallel rank) and tp=2 x FSDP 2 (two): the same samples per optimizer
-    step as one process, the same losses and final evaluation within float rounding, each
+    """tp=2 (one data-parallel rank) and tp=2 x FSDP 2 (two, with activation checkpointing):
+    the same samples per optimizer step as one process, the same losses and final evaluation within float rounding, each
     held-out token counted once, sharded checkpoints."""
     log = (run_dir(tp2_fsdp2, "tp2-fsdp2", "gpt") / "train.log").read_text()
     assert "tensor parallel on a 2-D mesh (data=2, tp=2)" in log, log
