@@ -28,7 +28,7 @@ from tests.engine.parallel.test_fsdp import (
     losses,
     trained_ids,
 )
-from tests.helpers import REPO, engine_env, run_dir
+from tests.helpers import REPO, engine_env, launch, run_dir
 
 TP = [*GPT, "dist.strategy=fsdp", "dist.tp=2"]
 
@@ -57,20 +57,26 @@ def tp2_fsdp2(root):
     return root
 
 
+@pytest.fixture(scope="module")
+def fsdp4(root):
+    gpt(root, "fsdp4", *GPT, "dist.strategy=fsdp", procs=4)
+    return root
+
+
 def checkpoint(root, name: str, step: int):
     return run_dir(root, name, "gpt") / "checkpoints" / f"step-{step:08d}"
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_tensor_parallel_trains_like_one_process_on_the_same_samples(one, tp2, tp2_fsdp2):
-    """tp=2 (one data-parallel rank) and tp=2 x FSDP 2 (two, with activation checkpointing):
-    the same samples per optimizer step as one process, the same losses and final evaluation within float rounding, each
+def test_tensor_parallel_trains_like_one_process_on_the_same_samples(one, tp2, tp2_fsdp2, fsdp4):
+    """tp=2 (one data-parallel rank), tp=2 x FSDP 2 (two, with activation checkpointing) and
+    tp=1 x FSDP 4: the same samples per optimizer step as one process, the same losses and final evaluation within float rounding, each
     held-out token counted once, sharded checkpoints."""
     log = (run_dir(tp2_fsdp2, "tp2-fsdp2", "gpt") / "train.log").read_text()
     assert "tensor parallel on a 2-D mesh (data=2, tp=2)" in log, log
     reference = losses(one, "one")
-    for name in ("tp2", "tp2-fsdp2"):
+    for name in ("tp2", "tp2-fsdp2", "fsdp4"):
         assert trained_ids(one, name) == trained_ids(one, "one"), name
         assert close(losses(one, name), reference, TOLERANCE), (name, losses(one, name))
         evaluated = final_eval(one, name)
@@ -186,3 +192,17 @@ def test_check_refuses_heads_that_do_not_divide_before_any_process_starts(tmp_pa
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "dist.tp=3 does not divide model.n_head=4" in lines[0], lines
     assert not list(tmp_path.iterdir())
+
+
+def test_the_1b_layout_renders_and_checks_on_a_login_node():
+    """make train RECIPE=gpt CONFIG=1b GPUS=8 ARGS=dist.tp=4 where no GPU is visible: the
+    torchrun command of 8 processes and a frozen request that holds dist.tp=4; a tp that
+    does not divide the 8 processes is one line and starts nothing."""
+    login = {"CUDA_VISIBLE_DEVICES": "", "RECIPE": "gpt", "CONFIG": "1b", "GPUS": "8"}
+    out = launch("train", **login, ARGS="dist.tp=4", DRY_RUN="1", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--nproc_per_node=8" in out.stdout and "--resolved" in out.stdout, out.stdout
+    assert "dist.tp=4" in out.stderr, out.stderr  # the note: what the request resolved from
+    refused = launch("train", **login, ARGS="dist.tp=3", DRY_RUN="1", timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert "dist.tp=3 does not divide the 8 processes of this run" in refused.stderr
