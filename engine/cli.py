@@ -398,7 +398,13 @@ def preflight(
         P.check_layout(cfg, world_size)
     if training:  # the batch is split over the data-parallel ranks: world / dist.tp
         replicas = sorted({w // cfg.dist.tp for w in world_sizes})
-        check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, replicas)
+        try:
+            check_elastic(cfg.train.batch_size, cfg.train.micro_batch_size, replicas)
+        except C.ConfigError as err:
+            if cfg.dist.tp == 1:
+                raise
+            groups = f"data-parallel groups (the processes / dist.tp={cfg.dist.tp})"
+            raise C.ConfigError(str(err).replace("processes", groups, 1)) from None
     if recipe is not None:
         P.check_tensor_parallel(cfg, recipe)
     if cfg.device == "cpu":

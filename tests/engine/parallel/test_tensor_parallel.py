@@ -206,3 +206,16 @@ def test_the_1b_layout_renders_and_checks_on_a_login_node():
     refused = launch("train", **login, ARGS="dist.tp=3", DRY_RUN="1", timeout=120)
     assert refused.returncode == 2, refused.stderr
     assert "dist.tp=3 does not divide the 8 processes of this run" in refused.stderr
+
+
+def test_a_batch_is_split_over_the_data_parallel_groups_and_said_so():
+    """8 processes at dist.tp=2 are 4 data-parallel groups: the global batch divides by 4."""
+    from engine.catalog import load_config
+    from engine.cli import preflight
+
+    tp = ["dist.strategy=fsdp", "dist.tp=2", "train.micro_batch_size=2"]
+    cfg, recipe = load_config("gpt", [*tp, "train.batch_size=8"])
+    preflight(cfg, 8, recipe=recipe)  # 8 over 4 groups: 2 each
+    cfg, recipe = load_config("gpt", [*tp, "train.batch_size=6"])
+    with pytest.raises(ConfigError, match=r"does not divide over 4 data-parallel groups"):
+        preflight(cfg, 8, recipe=recipe)
