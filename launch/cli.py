@@ -195,29 +195,30 @@ def rendered(req: LaunchRequest, target: str) -> list[str] | str:
         raise UserError(str(e)) from None
 
 
-def command_target(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+def command_target(asked: request.Asked) -> str:
     """Where the command runs: its own target (make docker-train, eval, ...), else TARGET."""
     fixed = {"docker-train": "docker", "image": "image", "sif": "sif", "sbatch": "sbatch"}
     fixed["eval"] = "local"  # scores here, on this machine's processes
-    target = fixed.get(args.command)
+    target = fixed.get(asked.command)
     if target is None:
-        label, target = request.pick_target(args, env)
-        allowed = RENDER_TARGETS if args.command == "render" else RUN_TARGETS
+        label, target = asked.target_or_local()
+        allowed = RENDER_TARGETS if asked.command == "render" else RUN_TARGETS
         if target not in allowed:
             raise UserError(f"{label}={target!r} is not one of {', '.join(allowed)}")
     return target
 
 
 def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
-    target = command_target(args, env)
-    req = run_request(args, env, target)
+    asked = request.Asked.of(args, env)
+    target = command_target(asked)
+    req = run_request(asked, target)
     out = rendered(req, target)
-    dry = request.is_dry(args, env)
+    dry = asked.dry_run
     starts_alone = target == "local" and render.is_one_process(req) and not dry
     queued = bool(req.code)  # sbatch, pyxis: the code and config are frozen
-    frozen = queued or freezes(req, target, args.command)
+    frozen = queued or freezes(req, target, asked.command)
     config = ""
-    if target in CHECKED_TARGETS and args.command != "render" and not starts_alone:
+    if target in CHECKED_TARGETS and asked.command != "render" and not starts_alone:
         # A dry run or a batch script may be meant for another machine: its data too.
         config = check.engine_check(req, data_here=target == "local" and not dry, resolved=frozen)
         if frozen:
@@ -232,7 +233,7 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -
     if isinstance(out, str):
         print(out, end="")
         return 0
-    if args.command == "render" or dry:
+    if asked.command == "render" or dry:
         if frozen:  # the file is written when it runs; what it will hold, said apart
             print(f"launch: note: {render.resolved_from(req)}", file=sys.stderr)
         print(render.shell_join(out))
@@ -250,36 +251,37 @@ def freezes(req: LaunchRequest, target: str, command: str) -> bool:
     return runs_here and not render.is_one_process(req)
 
 
-def run_request(args: argparse.Namespace, env: Mapping[str, str], target: str) -> LaunchRequest:
+def run_request(asked: request.Asked, target: str) -> LaunchRequest:
     """The request a run target renders: make eval's with the run's config and its flags, a
     batch script's and pyxis's srun's with the snapshot of the code they run when SLURM
     starts them."""
-    if args.command == "eval":
-        args = with_run_config(args, env)
-    req = request.resolve(args, env, target=target)
-    if args.command == "eval":
-        req = dataclasses.replace(req, engine_flags=eval_flags(env))
+    if asked.command == "eval":
+        asked = with_run_config(asked)
+    req = request.resolve(asked, target=target)
+    if asked.command == "eval":
+        req = dataclasses.replace(req, engine_flags=eval_flags(asked.env))
     # May wait for SLURM: runs a snapshot of the code and a frozen config (`render` alone,
     # the pure renderer, shows the command from the checkout and writes nothing).
-    queued = target in ("sbatch", "pyxis") and args.command != "render"
+    queued = target in ("sbatch", "pyxis") and asked.command != "render"
     return snapshot.attach(req) if queued else req
 
 
-def with_run_config(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
+def with_run_config(asked: request.Asked) -> request.Asked:
     """make eval CKPT=<a run, or a checkpoint of one>: the run's saved config (its recipe,
     variant and overrides) unless CONFIG is given, so the model is the one it trained; a
     RECIPE that is not the run's is refused in one line."""
+    env = asked.env
     saved = run_config_of(Path(env["CKPT"])) if env.get("CKPT") else None
-    if saved is None or args.config or env.get("CONFIG"):
-        return args
+    if saved is None or asked.config:
+        return asked
     recorded = request.config_file_recipe(str(saved))
-    picked = request.pick(args.recipe, "--recipe", env, "RECIPE")
+    picked = asked.recipe
     if picked and recorded and picked[1] != recorded:
         raise UserError(
             f"CKPT={env['CKPT']} is a checkpoint of recipe {recorded!r} (its run's {saved}), "
             f"but {picked[0]}={picked[1]!r}; leave {picked[0]} unset to score it as it trained"
         )
-    return argparse.Namespace(**{**vars(args), "config": str(saved)})
+    return dataclasses.replace(asked, config=str(saved))
 
 
 def eval_flags(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -299,9 +301,10 @@ def eval_flags(env: Mapping[str, str]) -> tuple[str, ...]:
 
 def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
     """What submitit submits: printed by a dry run, else checked by the engine and queued."""
-    req = snapshot.attach(request.resolve(args, env, target="submit"))
+    asked = request.Asked.of(args, env)
+    req = snapshot.attach(request.resolve(asked, target="submit"))
     slurm = check.slurm_support()
-    dry = request.is_dry(args, env)
+    dry = asked.dry_run
     if not dry:
         slurm.require_sbatch()
         slurm.check_fits(req)  # before the engine's check: seconds sooner
@@ -330,9 +333,10 @@ def engine_here(
     """The engine with the request's config and `flag`, on this machine in one process and
     naming no run (a dry run prints the command). target "config": a file for any machine
     and target, not a command for this one."""
-    req = dataclasses.replace(request.resolve(args, env, target=target), run_name="")
+    asked = request.Asked.of(args, env)
+    req = dataclasses.replace(request.resolve(asked, target=target), run_name="")
     argv = [req.python, "-m", "engine.train", *render.engine_args(req), flag]
-    if request.is_dry(args, env):
+    if asked.dry_run:
         print(render.shell_join(argv))
         return 0
     execute(argv)

@@ -95,7 +95,7 @@ def check_command(args: argparse.Namespace, env: Mapping[str, str]) -> None:
             "(make submit), or unset REMOTE to run it here"
         )
     if args.command == "sweep" and args.report is None:
-        if not args.slurm and request.pick_target(args, env)[1] != "submit":
+        if not args.slurm and request.Asked.of(args, env).target_or_local()[1] != "submit":
             raise UserError(
                 "a sweep over REMOTE is one SLURM job array there: add TARGET=submit "
                 "(a local sweep would train on the login node)"

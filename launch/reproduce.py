@@ -11,6 +11,7 @@ runs/reproduce/, never beside the runs the README quotes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -82,16 +83,21 @@ def with_results(env: Mapping[str, str]) -> list[str]:
 
 
 def requests(claims: Claims, args: argparse.Namespace, env: Mapping[str, str]):
-    """Each claim's request exactly as recorded, as a new run under runs/reproduce/."""
+    """Each claim's request exactly as recorded, as a new run under runs/reproduce/: the
+    user's flags and variables, but the claim's recipe, config and overrides alone."""
     env = {k: v for k, v in env.items() if k not in ("ARGS", "CONFIG", "RECIPE")}
+    base = request.Asked.of(args, env)
     reqs = []
     for i, claim in enumerate(claims.claims):
         name = decide_run_name("", claims.recipe, f"claim{i}")  # the one naming rule
-        own = [f"run.root={RUN_ROOT}", f"run.name={name}"]
-        asked = argparse.Namespace(**{**vars(args), "recipe": claims.recipe,
-                                      "config": claims.config or None,
-                                      "overrides": [*claim.overrides, *own]})  # fmt: skip
-        reqs.append(request.resolve(asked, env, target="local"))
+        own = (f"run.root={RUN_ROOT}", f"run.name={name}")
+        asked = dataclasses.replace(
+            base,
+            recipe=("--recipe", claims.recipe),
+            config=claims.config or "",
+            extra=(*claim.overrides, *own),
+        )
+        reqs.append(request.resolve(asked, target="local"))
     return reqs
 
 

@@ -1,4 +1,5 @@
-"""From a command's flags, the environment and the recipe's config to one render.LaunchRequest.
+"""From what a command asked (its flags and the environment, read once into an Asked at the
+command line's edge) and the recipe's config to one render.LaunchRequest.
 
 The config is the engine's: launch never reads a recipe's YAML itself. A request's variables
 that are config keys (SLURM's PARTITION, TIME_MIN, ...; GPUS and NODES for a SLURM job) become
@@ -58,6 +59,63 @@ ELASTIC_RESTARTS = 3
 RESOURCES = ("gpus_per_node", "nodes")
 
 
+# (the name a setting was given under, --gpus or GPUS, for messages; its text)
+Given = tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What one command asked for, read once from the command line and the environment
+    (Asked.of, at the edge): each setting a flag or a Make variable may give, the flag first,
+    as a Given or None; ARGS and the command line's overrides; and the environment itself for
+    what launch passes on by name (NCCL_*, DOCKER, RECIPES_DIR, ...). Resolution reads this,
+    never argparse's namespace."""
+
+    command: str
+    recipe: Given | None
+    config: str  # CONFIG: a variant or a config file, "" for none
+    args_text: str  # ARGS, split by parse_overrides
+    extra: tuple[str, ...]  # the command line's key=value, after ARGS
+    gpus: Given | None
+    nodes: Given | None
+    procs: Given | None
+    rdzv_endpoint: Given | None
+    max_restarts: Given | None
+    slurm: tuple[tuple[str, Given], ...]  # (slurm field, what gave it): SLURM_FLAGS
+    target: Given | None
+    image: str
+    sif: str
+    dry_run: bool
+    allow_cpu: bool
+    env: Mapping[str, str]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, env: Mapping[str, str]) -> Asked:
+        slurm = ((n, pick(getattr(args, n), f, env, v)) for n, (f, v) in SLURM_FLAGS.items())
+        return cls(
+            command=args.command,
+            recipe=pick(args.recipe, "--recipe", env, "RECIPE"),
+            config=args.config or env.get("CONFIG") or "",
+            args_text=env.get("ARGS", ""),
+            extra=tuple(args.overrides),
+            gpus=pick(args.gpus, "--gpus", env, "GPUS"),
+            nodes=pick(args.nodes, "--nodes", env, "NODES"),
+            procs=pick(args.procs, "--procs", env, "PROCS"),
+            rdzv_endpoint=pick(args.rdzv_endpoint, "--rdzv-endpoint", env, "RDZV_ENDPOINT"),
+            max_restarts=pick(args.max_restarts, "--max-restarts", env, "MAX_RESTARTS"),
+            slurm=tuple((name, given) for name, given in slurm if given),
+            target=pick(args.target, "--target", env, "TARGET"),
+            image=args.image or env.get("IMAGE") or "",
+            sif=args.sif or env.get("SIF") or "",
+            dry_run=bool(args.dry_run or is_set(env, "DRY_RUN") or args.command == "dry-run"),
+            allow_cpu=bool(args.allow_cpu or is_set(env, "ALLOW_CPU")),
+            env=env,
+        )
+
+    def target_or_local(self) -> Given:
+        return self.target or ("TARGET", "local")
+
+
 # ---------------------------------------------------------------- single values
 
 
@@ -86,11 +144,8 @@ def is_set(env: Mapping[str, str], name: str) -> bool:
 
 
 def is_dry(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    """DRY_RUN for the commands that resolve no request (report, compare, publish, ...)."""
     return bool(args.dry_run or is_set(env, "DRY_RUN") or args.command == "dry-run")
-
-
-def pick_target(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
-    return pick(args.target, "--target", env, "TARGET") or ("TARGET", "local")
 
 
 # ---------------------------------------------------------------- this machine
@@ -166,11 +221,12 @@ def _names(env: Mapping[str, str]) -> str:
     return ", ".join(recipe_names(env)) or "none"
 
 
-def recipe_name(args: argparse.Namespace, env: Mapping[str, str], config: str) -> str:
+def recipe_name(asked: Asked, config: str) -> str:
     """RECIPE, else the recipe a config file records (CONFIG=runs/digits/b/config.yaml),
     else digits."""
+    env = asked.env
     recorded = config_file_recipe(config) if catalog.is_config_file(config) else ""
-    picked = pick(args.recipe, "--recipe", env, "RECIPE")
+    picked = asked.recipe
     if picked and recorded and picked[1] != recorded:
         raise UserError(
             f"CONFIG={config} is a config of recipe {recorded!r}, but {picked[0]}={picked[1]!r}; "
@@ -262,25 +318,23 @@ def run_name(overrides: tuple[str, ...]) -> str | None:
     return name
 
 
-def gpu_count(args: argparse.Namespace, env: Mapping[str, str], declared: int | None):
+def gpu_count(asked: Asked, declared: int | None):
     """(GPUS's (label, text) if given, GPUs per node): GPUS, else the recipe's declared
     GPUs for a SLURM job, else 1 if this machine shows a GPU (a local run)."""
-    picked = pick(args.gpus, "--gpus", env, "GPUS")
+    picked = asked.gpus
     if picked:
         return picked, whole(*picked, 0, "use GPUS=0 for CPU or GPUS=N for N GPUs per node")
     return None, declared if declared is not None else int(visible_gpu_count() > 0)
 
 
-def process_counts(
-    args: argparse.Namespace, env: Mapping[str, str], declared: tuple[int, int] | None = None
-):
+def process_counts(asked: Asked, declared: tuple[int, int] | None = None):
     """(GPUS's (label, text) if given, GPUs per node, (nodes, max_nodes), CPU processes per
     node).
     `declared`: the recipe's (gpus_per_node, nodes) for a SLURM job, None for a local run."""
-    picked, gpus = gpu_count(args, env, declared[0] if declared else None)
-    given = pick(args.nodes, "--nodes", env, "NODES")
+    picked, gpus = gpu_count(asked, declared[0] if declared else None)
+    given = asked.nodes
     nodes = node_range(*given) if given else (declared[1] if declared else 1, 0)
-    procs = pick(args.procs, "--procs", env, "PROCS") or ("PROCS", "1")
+    procs = asked.procs or ("PROCS", "1")
     procs = whole(*procs, 1, "use PROCS=N for N CPU processes")
     if procs > 1 and gpus > 0:
         raise UserError(
@@ -322,8 +376,7 @@ def gpus_source(recipe: str, variant: str, user: tuple[str, ...], env: Mapping[s
 
 
 def check_cpu_job(
-    args: argparse.Namespace,
-    env: Mapping[str, str],
+    asked: Asked,
     recipe: str,
     declared: int,
     gpus: int,
@@ -332,20 +385,18 @@ def check_cpu_job(
 ) -> None:
     """A recipe that needs GPUs, submitted with GPUS=0, would queue a CPU job that runs for
     days: only on an explicit yes. The message names who set the GPUs (gpus_source)."""
-    if declared and not gpus and not (args.allow_cpu or is_set(env, "ALLOW_CPU")):
+    if declared and not gpus and not asked.allow_cpu:
         raise UserError(
-            f"{gpus_source(recipe, variant, user, env)} slurm.gpus_per_node={declared}, but "
+            f"{gpus_source(recipe, variant, user, asked.env)} slurm.gpus_per_node={declared}, but "
             "GPUS=0 asks SLURM for CPU tasks; leave GPUS unset for "
             f"{declared} GPU(s) per node, or set ALLOW_CPU=1 (--allow-cpu) to submit it on CPU "
             "anyway"
         )
 
 
-def rendezvous(
-    args: argparse.Namespace, env: Mapping[str, str], nodes: str, name: str | None, target: str
-) -> str | None:
+def rendezvous(asked: Asked, nodes: str, name: str | None, target: str) -> str | None:
     """HOST:PORT of the first node, required where the same command runs on every node."""
-    rdzv = pick(args.rdzv_endpoint, "--rdzv-endpoint", env, "RDZV_ENDPOINT")
+    rdzv = asked.rdzv_endpoint
     if rdzv and not ENDPOINT.fullmatch(rdzv[1]):
         raise UserError(f"{rdzv[0]}={rdzv[1]!r} is not HOST:PORT; e.g. RDZV_ENDPOINT=node1:29500")
     # The same command runs on every node: they must agree on the rendezvous and the run.
@@ -357,12 +408,10 @@ def rendezvous(
     return rdzv[1] if rdzv else None
 
 
-def max_restarts(
-    args: argparse.Namespace, env: Mapping[str, str], target: str, elastic: str | None = None
-) -> int:
+def max_restarts(asked: Asked, target: str, elastic: str | None = None) -> int:
     """torchrun's restart budget; an elastic range (`elastic`: its NODES text) run by hand
     needs one, for each node lost restarts the workers (a node joining does not count)."""
-    picked = pick(args.max_restarts, "--max-restarts", env, "MAX_RESTARTS")
+    picked = asked.max_restarts
     per_node = elastic and target in PER_NODE_TARGETS
     if not picked:
         return ELASTIC_RESTARTS if per_node else 0
@@ -380,22 +429,18 @@ def max_restarts(
     return restarts
 
 
-def variable_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ...]:
+def variable_overrides(asked: Asked) -> tuple[str, ...]:
     """The SLURM variables (or their flags) as the config keys they set, e.g. TIME_MIN=30 as
     slurm.time_min=30: placed before ARGS, over the config file and the recipe."""
-    asked = []
-    for name, (flag, var) in SLURM_FLAGS.items():
-        picked = pick(getattr(args, name), flag, env, var)
-        if not picked:
-            continue
-        label, text = picked
+    keys = []
+    for name, (label, text) in asked.slurm:
         if name in SLURM_INTS:
             minimum = 0 if name == "signal_delay_s" else 1
             text = str(whole(label, text, minimum, "fix that value"))
         if "\n" in text or "\r" in text:
             raise UserError(f"{label} cannot contain a line break; give one line")
-        asked.append(f"slurm.{name}={text}")
-    return tuple(asked)
+        keys.append(f"slurm.{name}={text}")
+    return tuple(keys)
 
 
 def slurm_options(section) -> Slurm:
@@ -419,16 +464,17 @@ def agreed(label: str, given: int, key: str, user: tuple[str, ...]) -> None:
         )
 
 
-def resources(picked, gpus: int, nodes: tuple[int, int], env, args, sections, user):
+def resources(asked: Asked, gpus: int, nodes: tuple[int, int], sections, user):
     """Overrides that make the saved slurm section say what the job asks for, where GPUS or
     NODES differ from what the layers give."""
+    picked = asked.gpus
     out = []
     slurm = sections["slurm"]
     if picked:
         agreed(picked[0], gpus, "slurm.gpus_per_node", user)
         if gpus != slurm.gpus_per_node:
             out.append(f"slurm.gpus_per_node={gpus}")
-    given = pick(args.nodes, "--nodes", env, "NODES")
+    given = asked.nodes
     if given and not nodes[1]:
         agreed(given[0], nodes[0], "slurm.nodes", user)
     if given and nodes[0] != slurm.nodes:
@@ -461,9 +507,9 @@ def asked_device(
 # ---------------------------------------------------------------- the request
 
 
-def container_image(args: argparse.Namespace, env: Mapping[str, str], target: str) -> str:
+def container_image(asked: Asked, target: str) -> str:
     """IMAGE, else recipes:<git short sha> where a container runs or is built."""
-    image = args.image or env.get("IMAGE") or ""
+    image = asked.image
     if not image and target in ("docker", "pyxis", "image", "sif"):
         image = default_image(ROOT)
     return image or "recipes:dev"
@@ -477,40 +523,38 @@ def check_node_range(node_text: str, target: str) -> None:
         )
 
 
-def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) -> LaunchRequest:
-    variant = config_argument(args.config or env.get("CONFIG") or "")
-    recipe = recipe_name(args, env, variant)
-    user = parse_overrides(env.get("ARGS", ""), args.overrides)
+def resolve(asked: Asked, *, target: str) -> LaunchRequest:
+    variant = config_argument(asked.config)
+    recipe = recipe_name(asked, variant)
+    user = parse_overrides(asked.args_text, list(asked.extra))
     slurm_job = target in SLURM_TARGETS
     # A saved config (make config) records the scheduler's request as a submission would.
     records_request = slurm_job or target == "config"
-    asked = variable_overrides(args, env)  # checked on every target, used by SLURM's
-    asked = asked if records_request else ()
-    _, sections = requested_sections(recipe, variant, (*asked, *user), env)
+    keys = variable_overrides(asked)  # checked on every target, used by SLURM's
+    keys = keys if records_request else ()
+    _, sections = requested_sections(recipe, variant, (*keys, *user), asked.env)
     slurm = sections["slurm"]
     declared = (slurm.gpus_per_node, slurm.nodes) if records_request else None
-    picked, gpus, (nodes, most), procs = process_counts(args, env, declared)
+    picked, gpus, (nodes, most), procs = process_counts(asked, declared)
     if slurm_job:
-        check_cpu_job(args, env, recipe, declared[0], gpus, variant, user)
+        check_cpu_job(asked, recipe, declared[0], gpus, variant, user)
     if declared:
-        asked += resources(picked, gpus, (nodes, most), env, args, sections, user)
+        keys += resources(asked, gpus, (nodes, most), sections, user)
     cpu_asked = gpus == 0 and (picked is not None or slurm_job)
     gpus_asked = slurm_job or picked is not None
     device = asked_device(picked, gpus, cpu_asked, gpus_asked, sections["device"], user)
-    overrides = (*asked, *user)
-    recorded_variant, sections = requested_sections(recipe, variant, overrides, env)
+    overrides = (*keys, *user)
+    recorded_variant, sections = requested_sections(recipe, variant, overrides, asked.env)
     name = run_name(user)
     node_text = f"{nodes}:{most}" if most else str(nodes)
     check_node_range(node_text, target)
-    rdzv = rendezvous(args, env, node_text, name, target)
-    restarts = max_restarts(args, env, target, node_text if most else None)
-    image = container_image(args, env, target)
+    rdzv = rendezvous(asked, node_text, name, target)
+    restarts = max_restarts(asked, target, node_text if most else None)
+    image = container_image(asked, target)
     warnings = ()
     if picked and target == "local":
-        warnings = check_gpus_visible(
-            picked[0], gpus, args.command == "render" or is_dry(args, env)
-        )
-    docker = container.docker_settings(env, target)
+        warnings = check_gpus_visible(picked[0], gpus, asked.command == "render" or asked.dry_run)
+    docker = container.docker_settings(asked.env, target)
     return LaunchRequest(
         recipe=recipe,
         device=device,
@@ -523,16 +567,16 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str], *, target: str) ->
         overrides=overrides,
         python=sys.executable,
         image=image,
-        sif=args.sif or env.get("SIF") or "recipes.sif",
+        sif=asked.sif or "recipes.sif",
         rdzv_endpoint=rdzv,
         max_restarts=restarts,
         src=str(ROOT),
-        data=env.get("RECIPES_DATA") or "data",
+        data=asked.env.get("RECIPES_DATA") or "data",
         run_root=sections["run"].root,
         uid_gid=f"{os.getuid()}:{os.getgid()}",
-        passthrough_env=tuple(sorted(k for k in env if NCCL_SETTING.fullmatch(k))),
+        passthrough_env=tuple(sorted(k for k in asked.env if NCCL_SETTING.fullmatch(k))),
         infiniband=Path("/dev/infiniband").exists(),
         docker=docker,
         slurm=slurm_options(sections["slurm"]),
-        warnings=(*warnings, *container.build_note(docker, env)),
+        warnings=(*warnings, *container.build_note(docker, asked.env)),
     )

@@ -143,8 +143,9 @@ def members(req: LaunchRequest, the_grid: grid.Grid, seeds: int) -> list[Planned
 
 
 def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
-    use_slurm = args.slurm or request.pick_target(args, env)[1] == "submit"
-    req = request.resolve(args, env, target="submit" if use_slurm else "local")
+    asked = request.Asked.of(args, env)
+    use_slurm = args.slurm or asked.target_or_local()[1] == "submit"
+    req = request.resolve(asked, target="submit" if use_slurm else "local")
     own = tuple(o for o in req.overrides if o.partition("=")[0] not in ("seed", "run.name"))
     sweep_file = args.sweep or env.get("SWEEP") or None
     the_grid = grid.build(own, sweep_file, args.baseline or env.get("BASELINE") or None)

@@ -118,7 +118,7 @@ def judge_runs(claims: Claims, run_dirs: Sequence[Path]) -> Verdict:
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if env.get("ARGS") or args.overrides:
         raise UserError("reproduce reruns the recorded requests exactly: leave ARGS unset")
-    claims = reproduce.load(request.recipe_name(args, env, ""), env)
+    claims = reproduce.load(request.recipe_name(request.Asked.of(args, env), ""), env)
     reqs = reproduce.requests(claims, args, env)
     if request.is_dry(args, env):
         for req in reqs:

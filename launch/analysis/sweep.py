@@ -119,7 +119,7 @@ def report_only(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if not request.RUN_NAME.fullmatch(name):
         raise UserError(f"--report={name!r} is not a sweep name; give the sweep's run.name")
     check_length(name)
-    req = request.resolve(args, env, target="report")
+    req = request.resolve(request.Asked.of(args, env), target="report")
     folder = report_dir(req.src, req.run_root, req.recipe, name)
     record = read_json(folder / MANIFEST, [])
     if not record:

@@ -72,7 +72,7 @@ def resolve(target: str, env: dict[str, str]) -> render.LaunchRequest:
     base = {"DRY_RUN": "1", "ALLOW_CPU": "1", "RDZV_ENDPOINT": "node1:29400"}
     env = {**base, **({"TARGET": target_var} if target_var else {}), **env}
     args = cli.parse_args([command])
-    return request.resolve(args, env, target=target)
+    return request.resolve(request.Asked.of(args, env), target=target)
 
 
 def engine_argv(req: render.LaunchRequest, target: str) -> list[str]:
@@ -198,7 +198,7 @@ def test_each_slurm_key_takes_the_highest_layer_that_sets_it(tmp_path_factory, k
         env[request.SLURM_FLAGS[key][1]] = layer_value(key, "variable")
     if "args" in layers:
         env["ARGS"] = f"slurm.{key}={layer_value(key, 'args')}"
-    req = request.resolve(cli.parse_args([target]), env, target=target)
+    req = request.resolve(request.Asked.of(cli.parse_args([target]), env), target=target)
     highest = next((layer for layer in reversed(LAYERS) if layer in layers), None)
     recipe = getattr(load_config("digits", [])[0].slurm, key)
     expected = layer_value(key, highest) if highest else str(recipe)

@@ -46,7 +46,7 @@ def test_slurm_precedence_is_args_then_variables_then_config_file_then_recipe(ke
 
     def asked(**env):
         args = cli.parse_args(["sbatch"])
-        req = request.resolve(args, {"GPUS": "0", **env}, target="sbatch")
+        req = request.resolve(request.Asked.of(args, {"GPUS": "0", **env}), target="sbatch")
         return str(getattr(req.slurm, key))
 
     recipe = asked()
@@ -87,7 +87,9 @@ def test_a_config_saved_where_gpus_were_asked_records_them_and_reruns_as_that_re
     assert saved["slurm"]["partition"] == "gpu"
     (tmp_path / "saved.yaml").write_text(made.stdout)
     args = cli.parse_args(["sbatch"])
-    req = request.resolve(args, {"CONFIG": str(tmp_path / "saved.yaml")}, target="sbatch")
+    req = request.resolve(
+        request.Asked.of(args, {"CONFIG": str(tmp_path / "saved.yaml")}), target="sbatch"
+    )
     assert (req.gpus, req.nodes, req.slurm.partition) == (8, 2, "gpu")
     assert "#SBATCH --gpus-per-node=8" in render.sbatch_script(req)
 
@@ -158,7 +160,9 @@ def test_the_cpu_refusal_names_who_asked_for_the_gpus(tmp_path):
 
     def refusal(**env: str) -> str:
         with pytest.raises(request.UserError) as err:
-            request.resolve(cli.parse_args(["submit"]), {"GPUS": "0", **env}, target="submit")
+            request.resolve(
+                request.Asked.of(cli.parse_args(["submit"]), {"GPUS": "0", **env}), target="submit"
+            )
         return str(err.value)
 
     assert refusal(CONFIG=str(asked)).startswith(f"CONFIG={asked} sets slurm.gpus_per_node=4,")
