@@ -1,5 +1,5 @@
 """Reading run directories as the engine leaves them (config.yaml, env.json, summary.json,
-metrics.jsonl): for watching runs (launch.watch), a sweep's members (launch.sweep) and the
+metrics.jsonl): for watching runs (launch.watch), a sweep's members (launch.sweep_members) and the
 analysis's reports and charts (launch.analysis). A run that is still going, stopped early,
 resumed or never evaluated reads as whatever is there; a path that is not a run is one
 UserError.

@@ -3,7 +3,7 @@
 The claims are recipes/<recipe>/results.yaml: the headline metric, each claimed run's exact
 request (its overrides) and value, and the hardware they were measured on (cpu model,
 instruction set, torch version, date, commit). Each request is rerun here as a normal run
-under runs/reproduce/ (never beside the runs the README quotes; launch.reproduce), then
+under runs/reproduce/ (never beside the runs the README quotes; launch.claims), then
 judged:
 
 - on the same machine (cpu model, cpu capability and torch as recorded): each run must give
@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launch import hardware, render, reproduce, request
+from launch import claims as claimed
+from launch import hardware, render, request
 from launch.analysis import stats
+from launch.claims import Claims
 from launch.errors import UserError
-from launch.reproduce import Claims
 from launch.runs import read_json
 
 
@@ -118,14 +119,14 @@ def judge_runs(claims: Claims, run_dirs: Sequence[Path]) -> Verdict:
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if env.get("ARGS") or args.overrides:
         raise UserError("reproduce reruns the recorded requests exactly: leave ARGS unset")
-    claims = reproduce.load(request.recipe_name(request.Asked.of(args, env), ""), env)
-    reqs = reproduce.requests(claims, args, env)
+    claims = claimed.load(request.recipe_name(request.Asked.of(args, env), ""), env)
+    reqs = claimed.requests(claims, args, env)
     if request.is_dry(args, env):
         for req in reqs:
             print(render.shell_join(render.local(req)))
         return 0
     stats.require_scipy()
-    verdict = judge_runs(claims, [reproduce.rerun(req) for req in reqs])
+    verdict = judge_runs(claims, [claimed.rerun(req) for req in reqs])
     m = claims.measured
     print(f"{claims.recipe} {claims.headline}, recorded on {machine(m)} ({m.get('date')}, "
           f"commit {m.get('commit')}):")  # fmt: skip

@@ -1,5 +1,5 @@
 """A sweep's judgement, and `python -m launch sweep` itself: the members planned and run by
-launch.sweep, then the report of its cells from how every member stands (report.md,
+launch.sweep_members, then the report of its cells from how every member stands (report.md,
 report.json, chart.png; per cell the mean, std and 95% interval, each cell against the
 baseline by Welch's t-test: launch.analysis.compare). `--report NAME` only rewrites a
 sweep's report, from its sweep.json.
@@ -19,7 +19,7 @@ from launch.analysis import compare, report, stats
 from launch.analysis.cells import Cell
 from launch.errors import UserError
 from launch.runs import Member, read_json
-from launch.sweep import (
+from launch.sweep_members import (
     MANIFEST,
     Plan,
     SweepLock,

@@ -153,7 +153,7 @@ def run_main(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         mock.patch("launch.check.run_check", check_here),
         mock.patch("launch.slurm.submit", refuse),
         mock.patch("launch.slurm.submit_array", refuse),
-        mock.patch("launch.sweep.subprocess", SimpleNamespace(run=refuse)),  # sweep's alone
+        mock.patch("launch.sweep_members.subprocess", SimpleNamespace(run=refuse)),  # sweep's alone
     ]
     with contextlib.ExitStack() as stack:
         for stub in stubs:

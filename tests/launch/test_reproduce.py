@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import cli, reproduce
+from launch import claims as reproduce
+from launch import cli
 from launch.analysis.reproduce import judge_runs
 
 HERE = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.14.1+cu130"}

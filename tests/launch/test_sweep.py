@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import scipy.stats
 
-from launch import grid, runs, sweep
+from launch import grid, runs
+from launch import sweep_members as sweep
 from launch.analysis import cells, stats
 from launch.errors import UserError
 from tests import helpers

@@ -1,5 +1,5 @@
-"""Sweeps: every cell of a grid (launch.grid) times seeds 0..N-1, planned, recorded and run;
-the report that judges the cells is launch.analysis.sweep's, which drives this module.
+"""A sweep's members: every cell of a grid (launch.grid) times seeds 0..N-1, planned, recorded
+and run; the report that judges the cells is launch.analysis.sweep's, which drives this module.
 
     make sweep ARGS="optim.lr=0.05,0.1,0.2 mix.mixup_alpha=0,0.2 run.name=lr" SEEDS=3
     make sweep SWEEP=sweeps/lr.yaml TARGET=submit PARALLEL=4
