@@ -40,23 +40,19 @@ class StageTimes:
         with self._lock:
             self._seconds[stage] += seconds
 
-    @contextlib.contextmanager
-    def timing(self, stage: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(stage, time.perf_counter() - started)
+    def timing(self, stage: str) -> Timed:
+        return Timed(self, stage)
 
-    @contextlib.contextmanager
-    def device_time(self, stage: str, device: torch.device) -> Iterator[None]:
+    def device_time(self, stage: str, device: torch.device) -> contextlib.AbstractContextManager:
         """The block's time on the device: on CUDA, between two events on the current stream
         (read at take(), after the window's read-back: no sync here); on the CPU, where the
         host computes, the host's."""
         if device.type != "cuda":
-            with self.timing(stage):
-                yield
-            return
+            return Timed(self, stage)
+        return self._cuda_span(stage, device)
+
+    @contextlib.contextmanager
+    def _cuda_span(self, stage: str, device: torch.device) -> Iterator[None]:
         stream = torch.cuda.current_stream(device)
         before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         before.record(stream)
@@ -91,6 +87,23 @@ class StageTimes:
         for stage, before, after in spans:
             seconds[stage] += before.elapsed_time(after) / 1000
         return dict(seconds)
+
+
+class Timed:
+    """The host seconds of a `with` block, added to a stage. A class, not a generator
+    context manager: the loop times two stages a step and a loader worker three a sample,
+    and this costs ~2 us a use against ~7 (measured on a CPU)."""
+
+    __slots__ = ("_times", "_stage", "_started")
+
+    def __init__(self, times: StageTimes, stage: str):
+        self._times, self._stage = times, stage
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self._times.add(self._stage, time.perf_counter() - self._started)
 
 
 STAGES = StageTimes()
