@@ -6,11 +6,13 @@ instead, where they sometimes abort a finished process (SIGABRT)."""
 
 import os
 import sys
+import time
 
 from engine.cli import main
 from engine.spawn import spawn_local
 
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # their names in /proc (comm)
+WAIT_S = 5.0
 
 
 def gloo_threads() -> list[str]:
@@ -22,6 +24,13 @@ def gloo_threads() -> list[str]:
 
 def counted(argv: list[str]) -> int:
     code = main(argv)
+    # The group is destroyed inside the engine; its threads then end on their own, a moment
+    # later on a busy machine (a CI run saw gloo_tcp_loop still listed right after main
+    # returned, one run in many). A group the engine failed to destroy keeps them until
+    # interpreter shutdown: still there after the wait.
+    deadline = time.monotonic() + WAIT_S
+    while gloo_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
     rank = os.environ["RANK"]
     out = os.path.join(os.environ["GLOO_THREADS_OUT"], f"rank{rank}")
     with open(out, "w") as f:
