@@ -85,10 +85,13 @@ def gpt_model(recipe, cfg, device: torch.device):
 
 class GptLoop:
     """The recipe's training step without the engine: next-byte cross entropy on random bytes
-    under bf16 autocast, backward, gradient clipping at 1.0, AdamW."""
+    under bf16 autocast (float32 when bf16 is False: a CPU smoke run), backward, gradient
+    clipping at 1.0, AdamW."""
 
-    def __init__(self, model, forward, batch: int, seq: int, device: torch.device):
-        self.forward, self.device = forward, device
+    def __init__(
+        self, model, forward, batch: int, seq: int, device: torch.device, bf16: bool = True
+    ):
+        self.forward, self.device, self.bf16 = forward, device, bf16
         self.params = list(model.parameters())
         matrices = [p for p in self.params if p.dim() >= 2]
         others = [p for p in self.params if p.dim() < 2]
@@ -111,7 +114,7 @@ class GptLoop:
         for _ in range(n):
             i = self.k % len(self.x)
             self.k += 1
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 logits = self.forward(self.x[i])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), self.y[i].flatten())
             loss.backward()
@@ -169,7 +172,8 @@ def gpt_train(
     if checkpointing:
         checkpoint_blocks(recipe.blocks(model))
     forward = torch.compile(model) if compiled else model
-    loop = GptLoop(model, forward, plan.micro_batch, plan.seq_len, bench.device)
+    bf16 = bench.sizes.amp == "bf16" or bench.device.type == "cuda"
+    loop = GptLoop(model, forward, plan.micro_batch, plan.seq_len, bench.device, bf16)
     try:
         out = {
             "activation_checkpointing": checkpointing,
@@ -277,7 +281,7 @@ def plan_entry(variant: str, plan) -> dict:
 def gpt_notes(peak_source: str) -> dict:
     return {
         "data": "random bytes (0-255) resident on the device, 4 batches in turn",
-        "step": "bf16 autocast forward, fp32 cross entropy, backward, clip_grad_norm 1.0, "
+        "step": "bf16 autocast forward (float32 in a CPU smoke run), fp32 cross entropy, backward, clip_grad_norm 1.0, "
         "AdamW (fused on CUDA), zero_grad(set_to_none=True); one device, no engine loop",
         "peak": peak_source,
         "flops_note": "recipes.gpt.model.flops_per_token: 6 x non-embedding parameters + "
