@@ -5,6 +5,7 @@ and bench/gpu.sh runs them on a machine with a GPU. A test marked gpu(cpu_stand_
 also run on the CPU in its own reduced form: GPU_TESTS_ON_CPU=1 keeps it (to check the test
 itself before its one run on a GPU)."""
 
+import compileall
 import os
 import shutil
 import signal
@@ -113,6 +114,20 @@ def deselect_gpu_tests(config, items) -> None:
 # Tests that share the one local SLURM cluster (two nodes) run one after the other in a
 # single worker: two at once would queue behind each other's jobs and time out.
 SERIAL_SCOPES = {"tests/slurm/": "slurm"}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("engine", "launch", "recipes", "bench", "tests")
+
+
+def pytest_configure(config):
+    """The repository's bytecode written once, before any test: the suite starts Python
+    processes by the hundred (engines, launches, checks), and where PYTHONDONTWRITEBYTECODE
+    is set (CI images often set it) each one compiled the modules it imports again (~0.4 s of
+    a 2-core machine's CPU each). A process reads bytecode whose source is unchanged and
+    compiles an edited module itself, as always."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    for package in PACKAGES:
+        compileall.compile_dir(os.path.join(REPO, package), quiet=2)
 
 
 @pytest.hookimpl(optionalhook=True)  # a plain `pytest` without xdist ignores it
