@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import struct
@@ -50,6 +52,29 @@ def launch(*args: str, cwd: Path = REPO, timeout: float = 60, **env: str):
         text=True,
         timeout=timeout,
     )
+
+
+def engine_here(*args: str, cwd: Path = REPO, env: dict | None = None):
+    """`python -m engine.train ARGS` that resolves, checks or prints help, run in this process:
+    engine.cli.main (the command line's own code) under that command's environment (default
+    engine_env()) and working folder, its exit code and output captured as a process's. A
+    process of its own would spend ~5 s importing torch; tests of the command line as a
+    process (its exit, a traceback, signals) start one."""
+    from engine import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(engine_env() if env is None else env)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(list(args))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def torchrun(n: int) -> list[str]:

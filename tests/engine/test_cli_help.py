@@ -15,7 +15,7 @@ import pytest
 from engine import catalog
 from engine import config as C
 from engine.cli import help_text
-from tests.helpers import REPO, engine_env
+from tests.helpers import REPO, engine_env, engine_here
 
 
 def engine_fields(everything: bool = True):
@@ -121,10 +121,7 @@ def test_a_recipes_help_adds_its_model_and_data_sections_and_variants():
     [(["--help"], ""), (["-h"], ""), (["digits", "--help", "optim.lr=1"], "digits")],
 )
 def test_help_exits_0_printing_usage_then_the_keys(tmp_path, args, recipe):
-    cmd = [sys.executable, "-m", "engine.train", *args]
-    out = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, env=engine_env(), timeout=120
-    )
+    out = engine_here(*args, cwd=tmp_path)  # the real process: the unknown recipe's test
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: python -m engine.train RECIPE")
     assert out.stdout == help_text(recipe) + "\n"

@@ -1,6 +1,4 @@
 import dataclasses
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -9,7 +7,7 @@ import yaml
 from engine import catalog as R
 from engine import config as C
 from engine.catalog import load_config
-from tests.helpers import REPO, engine_env, run_dir, run_engine
+from tests.helpers import engine_env, engine_here, run_dir, run_engine
 
 
 def test_layers_defaults_recipe_then_overrides():
@@ -242,10 +240,7 @@ def test_resolved_config_is_itself_a_valid_config():
     ],
 )
 def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, args, expected):
-    cmd = [sys.executable, "-m", "engine.train", *args, f"run.root={tmp_path}", "log.wandb=off"]
-    out = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, env=engine_env(), timeout=120
-    )
+    out = engine_here(*args, f"run.root={tmp_path}", "log.wandb=off")
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], out.stderr
@@ -253,9 +248,7 @@ def test_cli_errors_exit_2_with_one_line_and_write_nothing(tmp_path, args, expec
 
 
 def test_half_set_distributed_env_is_an_error(tmp_path):
-    cmd = [sys.executable, "-m", "engine.train", "digits", f"run.root={tmp_path}"]
-    env = engine_env(RANK="0", WORLD_SIZE="2")
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    out = engine_here("digits", f"run.root={tmp_path}", env=engine_env(RANK="0", WORLD_SIZE="2"))
     assert out.returncode == 2
     assert "LOCAL_RANK, MASTER_ADDR, MASTER_PORT missing" in out.stderr
     assert list(tmp_path.iterdir()) == []

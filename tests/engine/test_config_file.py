@@ -11,7 +11,7 @@ import yaml
 from engine import catalog, cli
 from engine import config as C
 from engine.catalog import load_config
-from tests.helpers import REPO, engine_env, run_dir
+from tests.helpers import REPO, engine_env, engine_here, run_dir
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -20,15 +20,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env | {k: v for k, v in extra.items() if k.startswith("WANDB_")}
 
 
-def engine(*args: str, cwd=REPO, env=None) -> subprocess.CompletedProcess:
+def engine_process(*args: str, env=None) -> subprocess.CompletedProcess:
+    """`python -m engine.train ARGS` in a process of its own (a run that trains)."""
     return subprocess.run(
         [sys.executable, "-m", "engine.train", *args],
-        cwd=cwd,
+        cwd=REPO,
         capture_output=True,
         text=True,
         env=env or clean_env(),
         timeout=300,
     )
+
+
+def engine(*args: str, cwd=REPO, env=None) -> subprocess.CompletedProcess:
+    return engine_here(*args, cwd=cwd, env=env or clean_env())
 
 
 def one_error_line(out: subprocess.CompletedProcess) -> str:
@@ -122,7 +127,7 @@ def test_rerunning_a_saved_config_by_path_starts_a_new_run_with_the_same_config(
     saved = first / "config.yaml"
     assert yaml.safe_load(saved.read_text())["recipe"] == "digits"
 
-    out = engine("--config", str(saved), env=clean_env())  # no recipe, no overrides
+    out = engine_process("--config", str(saved))  # no recipe, no overrides
     assert out.returncode == 0, out.stderr
     note = f"note: {saved} is the config of run 'b'; this starts a new run (add run.name=b"
     assert note in out.stderr

@@ -14,17 +14,14 @@ from engine import cli as engine_cli
 from launch import check as launch_check
 from launch import cli, render, request
 from launch.request import SLURM_FLAGS
-from tests.helpers import REPO, engine_env, launch
+from tests.helpers import REPO, engine_env, engine_here, launch
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # a login node
 
 
 def test_make_config_is_print_config_device_auto_and_no_run_name():
     made = launch("config", RECIPE="imagenet", **NO_GPU, timeout=120)
-    printed = subprocess.run(
-        [sys.executable, "-m", "engine.train", "imagenet", "--print-config"],
-        cwd=REPO, env=engine_env(**NO_GPU), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    printed = engine_here("imagenet", "--print-config", env=engine_env(**NO_GPU))
     assert made.returncode == 0 and printed.returncode == 0, made.stderr + printed.stderr
     assert made.stdout == printed.stdout
     assert "device: auto" in made.stdout and "  name: ''" in made.stdout

@@ -3,14 +3,13 @@ launch CLI, SLURM submission, and the engine itself."""
 
 import shlex
 import subprocess
-import sys
 
 import pytest
 
 from engine import catalog
 from engine import config as C
 from engine.catalog import load_config
-from tests.helpers import REPO, engine_env, launch, launch_env
+from tests.helpers import REPO, engine_here, launch, launch_env
 from tests.launch.test_launch_cli import one_line
 
 
@@ -65,14 +64,7 @@ def test_unknown_variant_is_one_line_naming_the_available_ones():
     done = launch("train", RECIPE="imagenet", CONFIG="v3", GPUS="0", DRY_RUN="1")
     assert done.returncode == 2
     assert "has no variant 'v3'; available: budget, finetune, v2" in one_line(done.stderr)
-    engine = subprocess.run(
-        [sys.executable, "-m", "engine.train", "cifar10", "--config", "v3"],
-        cwd=REPO,
-        env=engine_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    engine = engine_here("cifar10", "--config", "v3")
     assert engine.returncode == 2
     assert one_line(engine.stderr) == (
         "error: recipe 'cifar10' has no variant 'v3'; available: fast, finetune"
