@@ -59,10 +59,11 @@ def logged(run: Path, text: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    """A finished run and a failed one (an error raised after step 3)."""
+def root(tmp_path_factory, train_here) -> Path:
+    """A finished run (trained in this process) and a failed one (a process whose error was
+    raised after step 3)."""
     root = tmp_path_factory.mktemp("runs")
-    helpers.run_engine(root, "done", "train.max_steps=4", "log.every_steps=2")
+    train_here(root, "done", "train.max_steps=4", "log.every_steps=2")
     failed = helpers.run_engine(
         root, "broken", "train.max_steps=40", "log.every_steps=1", "fault.raise_at_step=3",
         check=False,

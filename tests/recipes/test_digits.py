@@ -29,8 +29,8 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(root):
-    run_engine(root, "reference", *SHORT, "log.sample_ids=true")
+def reference(root, train_here):
+    train_here(root, "reference", *SHORT, "log.sample_ids=true")  # its process is no subject
     return final_weights(root, "reference")
 
 

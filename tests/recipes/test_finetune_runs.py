@@ -201,10 +201,10 @@ FINETUNE = [
 
 
 @pytest.fixture(scope="module")
-def digits_runs(tmp_path_factory) -> Path:
+def digits_runs(tmp_path_factory, train_here) -> Path:
     """A base run, its export, and fine-tunes from it: through, and stopped then resumed."""
     root = tmp_path_factory.mktemp("digits-finetune")
-    helpers.run_engine(root, "base", "train.epochs=1", "model.width=16")
+    train_here(root, "base", "train.epochs=1", "model.width=16")  # in this process: the base
     base = helpers.run_dir(root, "base")
     for name, stop in (("through", []), ("resumed", ["train.stop_at_step=30"])):
         spawn = ["--spawn", "2"]

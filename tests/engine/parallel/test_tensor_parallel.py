@@ -39,8 +39,9 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one(root):
-    gpt(root, "one", *GPT, "dist.strategy=fsdp", procs=1)
+def one(root, train_here):
+    """The reference: one process, trained in this one (its process is not the subject)."""
+    train_here(root, "one", *GPT, "dist.strategy=fsdp", recipe="gpt")
     return root
 
 
