@@ -9,7 +9,7 @@ import torch
 
 from engine import catalog
 from engine.tasks import Classification, NextToken, Task, task_of
-from tests.helpers import run_dir, run_engine
+from tests.helpers import QUIET, engine_here, run_dir
 from tests.recipes.tiny_settings import tiny_overrides
 
 
@@ -63,7 +63,8 @@ def test_top5_only_where_there_are_more_than_five_classes(classes, top5):
 
 
 def test_hflip_tta_is_refused_for_a_recipe_without_a_mirror_view(tmp_path):
-    out = run_engine(tmp_path, "tta", "train.max_steps=1", "eval.hflip_tta=true", check=False)
+    run = [f"run.root={tmp_path}", "run.name=tta", "train.max_steps=1", "eval.hflip_tta=true"]
+    out = engine_here("digits", *QUIET, *run)
     assert out.returncode == 2, out.stderr
     line = out.stderr.strip().splitlines()[-1]
     assert "eval.hflip_tta" in line and "Recipe.mirror" in line and "Traceback" not in out.stderr
