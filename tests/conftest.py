@@ -114,7 +114,7 @@ def deselect_gpu_tests(config, items) -> None:
 # Tests that share the one local SLURM cluster (two nodes) run one after the other in a
 # single worker: two at once would queue behind each other's jobs and time out.
 SERIAL_SCOPES = {"tests/slurm/": "slurm"}
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # not tests.helpers: torch
 PACKAGES = ("engine", "launch", "recipes", "bench", "tests")
 
 

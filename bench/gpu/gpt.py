@@ -45,6 +45,7 @@ from bench.gpu.harness import (
     timed,
 )
 from engine import catalog
+from engine.assemble import amp_dtype
 from engine.parallel.activations import checkpoint_blocks
 from engine.seeding import derive_seed
 from recipes.gpt import memory as gpt_memory
@@ -85,13 +86,13 @@ def gpt_model(recipe, cfg, device: torch.device):
 
 class GptLoop:
     """The recipe's training step without the engine: next-byte cross entropy on random bytes
-    under bf16 autocast (float32 when bf16 is False: a CPU smoke run), backward, gradient
+    under autocast to `amp` (bf16; None: float32, a CPU smoke run), backward, gradient
     clipping at 1.0, AdamW."""
 
     def __init__(
-        self, model, forward, batch: int, seq: int, device: torch.device, bf16: bool = True
+        self, model, forward, batch: int, seq: int, device: torch.device, amp=torch.bfloat16
     ):
-        self.forward, self.device, self.bf16 = forward, device, bf16
+        self.forward, self.device, self.amp = forward, device, amp
         self.params = list(model.parameters())
         matrices = [p for p in self.params if p.dim() >= 2]
         others = [p for p in self.params if p.dim() < 2]
@@ -114,7 +115,7 @@ class GptLoop:
         for _ in range(n):
             i = self.k % len(self.x)
             self.k += 1
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 logits = self.forward(self.x[i])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), self.y[i].flatten())
             loss.backward()
@@ -172,8 +173,8 @@ def gpt_train(
     if checkpointing:
         checkpoint_blocks(recipe.blocks(model))
     forward = torch.compile(model) if compiled else model
-    bf16 = bench.sizes.amp == "bf16" or bench.device.type == "cuda"
-    loop = GptLoop(model, forward, plan.micro_batch, plan.seq_len, bench.device, bf16)
+    amp = amp_dtype(bench.sizes.amp, bench.device)  # the engine's reading of train.amp
+    loop = GptLoop(model, forward, plan.micro_batch, plan.seq_len, bench.device, amp)
     try:
         out = {
             "activation_checkpointing": checkpointing,
@@ -281,8 +282,9 @@ def plan_entry(variant: str, plan) -> dict:
 def gpt_notes(peak_source: str) -> dict:
     return {
         "data": "random bytes (0-255) resident on the device, 4 batches in turn",
-        "step": "bf16 autocast forward (float32 in a CPU smoke run), fp32 cross entropy, backward, clip_grad_norm 1.0, "
-        "AdamW (fused on CUDA), zero_grad(set_to_none=True); one device, no engine loop",
+        "step": "bf16 autocast forward (float32 in a CPU smoke run), fp32 cross entropy, "
+        "backward, clip_grad_norm 1.0, AdamW (fused on CUDA), zero_grad(set_to_none=True); "
+        "one device, no engine loop",
         "peak": peak_source,
         "flops_note": "recipes.gpt.model.flops_per_token: 6 x non-embedding parameters + "
         "12 x n_layer x d_model x T (attention), per trained token",
