@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from tests import warm
+
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["log.wandb=off", "log.progress=plain", "device=cpu"]
 # What launch reads from the environment (launch/cli.py's docstring) and make's own variables:
@@ -43,7 +45,10 @@ def launch_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, st
 
 
 def launch(*args: str, cwd: Path = REPO, timeout: float = 60, **env: str):
-    """`python -m launch ARGS` with only the request variables given here."""
+    """`python -m launch ARGS` with only the request variables given here (forked warm, its
+    engine checks too: tests.warm)."""
+    if warm.usable(launch_env(**env)):
+        return warm.run("launch", list(args), launch_env(**env), cwd, timeout)
     return subprocess.run(
         [sys.executable, "-m", "launch", *args],
         cwd=cwd,
@@ -90,6 +95,18 @@ def torchrun(n: int) -> list[str]:
     ]
 
 
+def engine_process(*args: str, env=None, cwd: Path = REPO, timeout: float = 300):
+    """`python -m engine.train ARGS`, a process of its own, its output captured: forked from a
+    warm interpreter where nothing at its start would differ (tests/warm.py)."""
+    env = env or engine_env()
+    if warm.usable(env):
+        return warm.run("engine.train", list(args), env, cwd, timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.train", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, env=env,
+    )  # fmt: skip
+
+
 def run_engine(
     root: Path,
     name: str,
@@ -102,12 +119,18 @@ def run_engine(
     variant: str = "",
     cwd: Path = REPO,
 ):
-    cmd = prefix or [sys.executable, "-m", "engine.train"]
+    """A run of RECIPE under QUIET in root/RECIPE/NAME: `python -m engine.train` (or prefix,
+    e.g. torchrun, then the same arguments); check: an exit other than 0 fails the test."""
+    engine = [sys.executable, "-m", "engine.train"]
     head = [recipe, *(["--config", variant] if variant else [])]
-    args = [*cmd, *head, *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
-    out = subprocess.run(
-        args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or engine_env()
-    )
+    argv = [*head, *QUIET, f"run.root={root}", f"run.name={name}", *overrides]
+    if prefix is None or prefix[:3] == engine:  # --spawn N: its workers start fresh
+        out = engine_process(*(prefix or engine)[3:], *argv, env=env, cwd=cwd, timeout=timeout)
+    else:
+        out = subprocess.run(
+            [*prefix, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+            env=env or engine_env(),
+        )  # fmt: skip
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr[-4000:]}")
     return out

@@ -3,7 +3,6 @@
 
 import re
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -11,6 +10,7 @@ import yaml
 from engine import catalog, cli
 from engine import config as C
 from engine.catalog import load_config
+from tests import helpers
 from tests.helpers import REPO, engine_env, engine_here, run_dir
 
 
@@ -22,14 +22,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def engine_process(*args: str, env=None) -> subprocess.CompletedProcess:
     """`python -m engine.train ARGS` in a process of its own (a run that trains)."""
-    return subprocess.run(
-        [sys.executable, "-m", "engine.train", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env or clean_env(),
-        timeout=300,
-    )
+    return helpers.engine_process(*args, env=env or clean_env())
 
 
 def engine(*args: str, cwd=REPO, env=None) -> subprocess.CompletedProcess:

@@ -4,14 +4,13 @@ WANDB_DIR is where W&B writes, WANDB_RUN_GROUP is the run's group."""
 
 import secrets
 import subprocess
-import sys
 
 import pytest
 
 from engine import cli
 from engine.config import ConfigError, LogConfig
 from engine.tracking import Tracker, wandb_env_overrides
-from tests.helpers import engine_env, run_dir
+from tests.helpers import engine_env, engine_process, run_dir
 
 
 @pytest.mark.parametrize(
@@ -87,14 +86,7 @@ def train(root, name: str, *overrides: str, **env: str) -> subprocess.CompletedP
     base = {k: v for k, v in engine_env().items() if not k.startswith("WANDB_")}
     args = ["digits", "log.progress=plain", "device=cpu", "train.max_steps=2"]
     args += [f"run.root={root}", f"run.name={name}", *overrides]
-    out = subprocess.run(
-        [sys.executable, "-m", "engine.train", *args],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        env=base | env,
-        timeout=300,
-    )
+    out = engine_process(*args, cwd=root, env=base | env)
     assert out.returncode == 0, out.stderr[-4000:]
     return out
 

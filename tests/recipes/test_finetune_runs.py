@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -257,14 +255,8 @@ def test_eval_of_a_runs_best_folder_scores_its_best_checkpoint(digits_runs, tmp_
     run = helpers.run_dir(digits_runs, "through")
     (best,) = json.loads((run / "summary.json").read_text())["best_checkpoints"]
     out = tmp_path / "best.json"
-    cmd = [sys.executable, "-m", "engine.train", "digits", *helpers.QUIET]
-    done = subprocess.run(
-        [*cmd, "--eval", str(run / "best"), "--out", str(out), "--spawn", "3"],
-        env=helpers.engine_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["digits", *helpers.QUIET, "--eval", str(run / "best"), "--out", str(out)]
+    done = helpers.engine_process(*args, "--spawn", "3")
     assert done.returncode == 0, done.stderr
     written = json.loads(out.read_text())
     assert written["step"] == best["step"] and written["weights"] == str(run / best["path"])

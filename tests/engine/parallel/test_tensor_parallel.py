@@ -10,9 +10,6 @@ another order again): ~1e-7 relative per step, grown by AdamW over 8 steps. A wr
 projection split the wrong way, a TP group reading two batches, a sample counted twice) moves
 the loss by 1e-3 or more, or stops the run."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -28,7 +25,7 @@ from tests.engine.parallel.test_fsdp import (
     losses,
     trained_ids,
 )
-from tests.helpers import REPO, engine_env, launch, run_dir
+from tests.helpers import engine_process, launch, run_dir
 
 TP = [*GPT, "dist.strategy=fsdp", "dist.tp=2"]
 
@@ -184,11 +181,8 @@ def test_a_recipe_without_a_plan_refuses_dist_tp():
 
 def test_check_refuses_heads_that_do_not_divide_before_any_process_starts(tmp_path):
     """--check (what every launch target runs first) says it in one line, exit 2."""
-    out = subprocess.run(
-        [sys.executable, "-m", "engine.train", "gpt", "--check", "3", "dist.strategy=fsdp",
-         "dist.tp=3", f"run.root={tmp_path}"],
-        cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    check = ["--check", "3", "dist.strategy=fsdp", "dist.tp=3", f"run.root={tmp_path}"]
+    out = engine_process("gpt", *check, timeout=120)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "dist.tp=3 does not divide model.n_head=4" in lines[0], lines

@@ -1,0 +1,78 @@
+"""The suite's warm processes (tests/warm.py) are the processes a fresh interpreter would be:
+the same command line, environment, working folder, import path, thread count, standard
+input, exit code and output; launch's checks forked inside a warm launch answer as cold ones."""
+
+import json
+import subprocess
+import sys
+
+from tests import helpers, warm
+
+PROBE = """\
+import json, os, signal, sys
+import torch
+sys.stdout.write(json.dumps({
+    "argv": sys.argv[1:], "orig_argv": sys.orig_argv, "path": sys.path, "cwd": os.getcwd(),
+    "name": __name__, "threads": torch.get_num_threads(), "stdin": sys.stdin.read(),
+    "probe_env": os.environ.get("PROBE"), "engine_loaded": "engine" in sys.modules,
+    "sigint": str(signal.getsignal(signal.SIGINT)), "sigterm": str(signal.getsignal(signal.SIGTERM)),
+    "dont_write_bytecode": sys.dont_write_bytecode,
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_warm_process_is_what_a_fresh_interpreter_would_be(tmp_path):
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = helpers.engine_env(PROBE="x y", PYTHONPATH=f"{tmp_path / 'lib'}:{helpers.REPO}")
+    for threads in ("1", "2"):
+        env["OMP_NUM_THREADS"] = threads
+        assert warm.usable(env)
+        forked = warm.run("probe", ["a", "--b"], env, tmp_path, timeout=60)
+        cold = subprocess.run(
+            [sys.executable, "-m", "probe", "a", "--b"], cwd=tmp_path, env=env,
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+        assert (
+            (forked.returncode, forked.stderr)
+            == (cold.returncode, cold.stderr)
+            == (3, "to stderr\n")
+        )
+        seen = json.loads(forked.stdout)
+        assert seen == json.loads(cold.stdout)
+        assert seen["threads"] == int(threads) and seen["argv"] == ["a", "--b"]
+
+
+def test_what_a_fresh_interpreter_would_read_otherwise_starts_cold(tmp_path):
+    assert warm.usable(helpers.engine_env())
+    assert not warm.usable(helpers.engine_env(TORCH_LOGS="dynamo"))
+    assert not warm.usable(helpers.engine_env(TESTS_COLD_PROCESSES="1"))
+    (tmp_path / "sitecustomize.py").write_text("import sys\n")
+    assert not warm.usable(helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}"))
+
+
+# A fake engine whose check refuses with what it saw (tests.helpers.fake_checkout).
+REFUSING_CHECK = """\
+import json, os, sys
+seen = {"argv": sys.argv[1:], "orig_argv": sys.orig_argv[1:], "cwd": os.getcwd(),
+        "path": sys.path, "record": os.environ.get("FAKE_RECORD"),
+        "preloaded": "torchvision" in sys.modules}
+print("error: " + json.dumps(seen), file=sys.stderr)
+sys.exit(2)
+"""
+
+
+def test_a_check_forked_inside_a_warm_launch_answers_as_a_cold_one(tmp_path, monkeypatch):
+    checkout = helpers.fake_checkout(tmp_path / "checkout", REFUSING_CHECK, "seed: 0\n")
+    request = {"GPUS": "0", "PROCS": "2", "FAKE_RECORD": "r", "ARGS": "run.name=w optim.lr=0.2"}
+    forked = helpers.launch("train", cwd=checkout, **request)
+    monkeypatch.setenv("TESTS_COLD_PROCESSES", "1")
+    cold = helpers.launch("train", cwd=checkout, **request)
+    assert forked.returncode == cold.returncode == 2 and forked.stdout == cold.stdout == ""
+    said = [
+        json.loads(done.stderr.removeprefix("launch: ").split(" (config checked")[0])
+        for done in (forked, cold)
+    ]
+    assert [seen.pop("preloaded") for seen in said] == [True, False]  # the first was forked
+    assert said[0] == said[1] and "--check" in said[0]["argv"], said

@@ -1,0 +1,232 @@
+"""`python -m engine.train ...` and `python -m launch ...` as processes forked from an
+interpreter that has imported torch.
+
+A short engine run spends most of its time importing: torch, then torch._dynamo on the first
+optimizer (torch.optim's methods are wrapped by torch._disable_dynamo), ~3-8 s of CPU per
+process here against ~1 s of training; launch's check of a request (`engine.train --check`, a
+process of its own) ~2 s. A multiprocessing forkserver (the library's) imports them once per
+test process and forks each command from that state: a process of its own (its exit code,
+files, signals, threads; the engine, launch and the recipes imported fresh in it from its
+working folder, as `python -m` would) that starts in ~0.1 s. In a forked `python -m launch`,
+the checks it runs through launch.check.run_check are forked from it in turn.
+
+A command whose environment changes what the interpreter's start or those imports read
+(PYTHON*, a sitecustomize on PYTHONPATH, TORCH*, CUDA_*, ...) starts a fresh interpreter as
+before, and so does every command while TESTS_COLD_PROCESSES=1 is set: the way to check that
+a test does not depend on the shortcut (tests/project/test_warm.py compares the two)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from multiprocessing import forkserver
+from pathlib import Path
+
+PRELOAD = ["torch", "torch._dynamo", "torchvision"]
+# Read by the interpreter's start or by the imports above: a run that sets them otherwise than
+# the server's environment (tests.helpers.engine_env()) gets a fresh interpreter. Not
+# PYTHONPATH and PYTHONDONTWRITEBYTECODE, which the forked process applies itself, nor
+# OMP_NUM_THREADS, whose thread count it sets as torch would have read it.
+AT_IMPORT = (
+    "PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_",
+    "NVIDIA_", "LD_", "MALLOC", "TMP", "TEMP",
+)  # fmt: skip
+APPLIED = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS")
+# The command lines a forked `python -m launch` runs forked in turn (launch.check's checks).
+FORKED_MODULES = ("engine.train", "engine.resolved")
+_server_env: dict[str, str] | None = None
+
+
+def usable(env: dict[str, str]) -> bool:
+    """Whether a process with this environment may be forked from the server."""
+    if os.environ.get("TESTS_COLD_PROCESSES") or env.get("TESTS_COLD_PROCESSES"):
+        return False
+    from tests.helpers import engine_env
+
+    server = _server_env if _server_env is not None else engine_env()
+    names = {k for k in (*env, *server) if k.startswith(AT_IMPORT) and k not in APPLIED}
+    return all(env.get(k) == server.get(k) for k in names) and not _startup_hooks(env)
+
+
+def _startup_hooks(env: dict[str, str]) -> list[Path]:
+    """The sitecustomize or usercustomize modules on env's PYTHONPATH, which only an
+    interpreter's start runs (tests/engine/test_optional_deps.py hides packages with one)."""
+    folders = [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    names = ("sitecustomize.py", "usercustomize.py")
+    return [folder / name for folder in folders for name in names if (folder / name).exists()]
+
+
+def _context():
+    """The forkserver context, its server started under tests.helpers.engine_env()."""
+    global _server_env
+    from tests.helpers import engine_env
+
+    context = multiprocessing.get_context("forkserver")
+    if _server_env is None:
+        context.set_forkserver_preload(PRELOAD)
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(engine_env())
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _server_env = engine_env()
+    return context
+
+
+def _interpreter_path() -> list[str]:
+    """The interpreter's own entries of sys.path (the standard library, site-packages)."""
+    prefixes = (sys.prefix, sys.base_prefix)
+    return [p for p in sys.path if p and p.startswith(prefixes)]
+
+
+def _exit_code(exit: SystemExit) -> int:
+    """What the interpreter makes of an uncaught SystemExit."""
+    if exit.code is None or isinstance(exit.code, int):
+        return exit.code or 0
+    print(exit.code, file=sys.stderr)
+    return 1
+
+
+def _redirect(stdin: str | None, out: str, err: str) -> None:
+    for fd, path, flags in ((0, stdin, os.O_RDONLY), (1, out, os.O_WRONLY), (2, err, os.O_WRONLY)):
+        if path is not None:
+            opened = os.open(path, flags)
+            os.dup2(opened, fd)
+            os.close(opened)
+    if stdin is not None:  # multiprocessing left sys.stdin on a /dev/null of its own
+        sys.stdin = open(0, encoding=sys.stdin.encoding, closefd=False)  # noqa: SIM115
+
+
+def _become(module: str, argv: list[str], env: dict, cwd: str) -> None:
+    """In a forked process: `python -m module argv` as the interpreter would run it under env in
+    cwd, then its exit (non-daemon threads joined, atexit handlers run, output flushed)."""
+    import torch
+
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [cwd, *extra, *_interpreter_path()]
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    threads = env.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(threads) if threads.isdigit() else len(os.sched_getaffinity(0)))
+    sys.argv = ["-m", *argv]
+    sys.orig_argv = [sys.executable, "-m", module, *argv]
+    code = 0
+    try:
+        if module == "launch":
+            _fork_checks()
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        code = _exit_code(exit)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _served(module, argv, env, cwd, stdin, out, err) -> None:
+    """The forkserver's process: its output to the files, then the command."""
+    _redirect(stdin, out, err)
+    _become(module, argv, env, cwd)
+
+
+def _fork_checks() -> None:
+    """launch's checks (`python -m engine.train ... --check`), forked from this process rather
+    than started cold: launch.check.run_check is the one place launch runs them."""
+    from launch import check
+
+    cold = check.run_check
+
+    def run_check(argv: list[str], stdin: str | None = None) -> tuple[int, str, str]:
+        if argv[:2] != [sys.executable, "-m"] or argv[2] not in FORKED_MODULES:
+            return cold(argv, stdin)
+        done = _fork(argv[2], argv[3:], dict(os.environ), str(check.ROOT), stdin)
+        return done.returncode, done.stdout, done.stderr
+
+    check.run_check = run_check
+
+
+def _fork(module: str, argv: list[str], env: dict, cwd: str, stdin: str | None, timeout=600):
+    """`python -m module argv`, forked from this (warm, single-threaded) process."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [Path(folder, name) for name in ("stdin", "stdout", "stderr")]
+        for path, text in zip(paths, (stdin or "", "", ""), strict=True):
+            path.write_text(text)
+        sys.stdout.flush()  # or the child would print what this process buffered
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _as_new_process()
+                _redirect(*map(str, paths))
+                _become(module, argv, env, cwd)
+            finally:
+                os._exit(1)
+        return _collect(pid, [module, *argv], paths[1:], timeout)
+
+
+def _as_new_process() -> None:
+    """What a fresh interpreter would not inherit from this one: its exit handlers (launch's
+    own would run twice) and signal handlers."""
+    atexit._clear()
+    atexit.register(logging.shutdown)  # logging was imported before: what its import registers
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _collect(pid: int, args: list[str], outputs: list[Path], timeout: float):
+    """Waits for a forked process (killed after timeout, as subprocess.run would)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        if not select.select([pidfd], [], [], timeout)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(args, timeout)
+    finally:
+        os.close(pidfd)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    out, err = (path.read_text() for path in outputs)
+    return subprocess.CompletedProcess([sys.executable, "-m", *args], code, out, err)
+
+
+def run(module: str, argv: list[str], env: dict, cwd: Path, timeout: float):
+    """`python -m module argv` forked from the server: a CompletedProcess as subprocess.run
+    with capture_output=True, text=True would give (TimeoutExpired once timeout passes)."""
+    context = _context()
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        out.touch()
+        err.touch()
+        args = (module, list(argv), dict(env), str(cwd), None, str(out), str(err))
+        process = context.Process(target=_served, args=args)
+        process.start()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([module, *argv], timeout)
+        command = [sys.executable, "-m", module, *argv]
+        return subprocess.CompletedProcess(
+            command, process.exitcode, out.read_text(), err.read_text()
+        )
