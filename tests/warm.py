@@ -186,8 +186,14 @@ def _fork(module: str, argv: list[str], env: dict, cwd: str, stdin: str | None, 
 
 
 def _as_new_process() -> None:
-    """What a fresh interpreter would not inherit from this one: its exit handlers (launch's
-    own would run twice) and signal handlers."""
+    """What a fresh interpreter would not inherit from this one: the modules imported from
+    outside the interpreter's own folders (launch's, the engine's it shares: imported again,
+    fresh), its exit handlers (launch's own would run twice) and signal handlers."""
+    prefixes = (sys.prefix, sys.base_prefix)
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and not path.startswith(prefixes):
+            del sys.modules[name]
     atexit._clear()
     atexit.register(logging.shutdown)  # logging was imported before: what its import registers
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):

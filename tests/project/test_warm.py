@@ -57,7 +57,7 @@ REFUSING_CHECK = """\
 import json, os, sys
 seen = {"argv": sys.argv[1:], "orig_argv": sys.orig_argv[1:], "cwd": os.getcwd(),
         "path": sys.path, "record": os.environ.get("FAKE_RECORD"),
-        "preloaded": "torchvision" in sys.modules}
+        "launch_loaded": "launch" in sys.modules, "preloaded": "torchvision" in sys.modules}
 print("error: " + json.dumps(seen), file=sys.stderr)
 sys.exit(2)
 """
@@ -76,3 +76,4 @@ def test_a_check_forked_inside_a_warm_launch_answers_as_a_cold_one(tmp_path, mon
     ]
     assert [seen.pop("preloaded") for seen in said] == [True, False]  # the first was forked
     assert said[0] == said[1] and "--check" in said[0]["argv"], said
+    assert not said[0]["launch_loaded"]  # the check's modules are its own, imported fresh
