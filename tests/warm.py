@@ -42,19 +42,41 @@ AT_IMPORT = (
     "NVIDIA_", "LD_", "MALLOC", "TMP", "TEMP",
 )  # fmt: skip
 APPLIED = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS")
+# Read when used, not at import (torch.hub's folder; inductor's cache, which inductor itself
+# sets in the environment of the process that compiled first).
+READ_LATER = ("TORCH_HOME", "TORCHINDUCTOR_CACHE_DIR")
 # The command lines a forked `python -m launch` runs forked in turn (launch.check's checks).
 FORKED_MODULES = ("engine.train", "engine.resolved")
+# The environment the test process started with: the server's is engine_env() of it, not of
+# whatever a test has set (TORCH_LOGS, CUDA_VISIBLE_DEVICES) when the first command starts.
+STARTED_WITH = dict(os.environ)
 _server_env: dict[str, str] | None = None
+_started: list[bool] = []
+
+
+def server_env() -> dict[str, str]:
+    """tests.helpers.engine_env() as of the test process's start: the server's environment."""
+    global _server_env
+    if _server_env is None:
+        from tests.helpers import engine_env
+
+        now = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(STARTED_WITH)
+        try:
+            _server_env = engine_env()
+        finally:
+            os.environ.clear()
+            os.environ.update(now)
+    return _server_env
 
 
 def usable(env: dict[str, str]) -> bool:
     """Whether a process with this environment may be forked from the server."""
     if os.environ.get("TESTS_COLD_PROCESSES") or env.get("TESTS_COLD_PROCESSES"):
         return False
-    from tests.helpers import engine_env
-
-    server = _server_env if _server_env is not None else engine_env()
-    names = {k for k in (*env, *server) if k.startswith(AT_IMPORT) and k not in APPLIED}
+    server = server_env()
+    names = {k for k in (*env, *server) if k.startswith(AT_IMPORT)} - {*APPLIED, *READ_LATER}
     return all(env.get(k) == server.get(k) for k in names) and not _startup_hooks(env)
 
 
@@ -67,22 +89,19 @@ def _startup_hooks(env: dict[str, str]) -> list[Path]:
 
 
 def _context():
-    """The forkserver context, its server started under tests.helpers.engine_env()."""
-    global _server_env
-    from tests.helpers import engine_env
-
+    """The forkserver context, its server started (once) under server_env()."""
     context = multiprocessing.get_context("forkserver")
-    if _server_env is None:
+    if not _started:
         context.set_forkserver_preload(PRELOAD)
-        saved = dict(os.environ)
+        now = dict(os.environ)
         os.environ.clear()
-        os.environ.update(engine_env())
+        os.environ.update(server_env())
         try:
             forkserver.ensure_running()
         finally:
             os.environ.clear()
-            os.environ.update(saved)
-        _server_env = engine_env()
+            os.environ.update(now)
+        _started.append(True)
     return context
 
 

@@ -44,9 +44,21 @@ def test_a_warm_process_is_what_a_fresh_interpreter_would_be(tmp_path):
         assert seen["threads"] == int(threads) and seen["argv"] == ["a", "--b"]
 
 
+def test_the_server_starts_with_the_test_process_environment_not_a_tests(monkeypatch):
+    """A test's TORCH_LOGS (or CUDA_VISIBLE_DEVICES) when the first command starts is not the
+    server's: otherwise every later command would differ from it and start cold."""
+    monkeypatch.setattr(warm, "_server_env", None)
+    monkeypatch.setenv("TORCH_LOGS", "dynamo")
+    assert "TORCH_LOGS" not in warm.server_env() or warm.STARTED_WITH.get("TORCH_LOGS")
+    assert not warm.usable(helpers.engine_env())  # torch reads TORCH_LOGS as it is imported
+    monkeypatch.undo()
+    assert warm.usable(helpers.engine_env())
+
+
 def test_what_a_fresh_interpreter_would_read_otherwise_starts_cold(tmp_path):
     assert warm.usable(helpers.engine_env())
     assert not warm.usable(helpers.engine_env(TORCH_LOGS="dynamo"))
+    assert warm.usable(helpers.engine_env(TORCH_HOME=str(tmp_path)))  # read when used
     assert not warm.usable(helpers.engine_env(TESTS_COLD_PROCESSES="1"))
     (tmp_path / "sitecustomize.py").write_text("import sys\n")
     assert not warm.usable(helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}"))
