@@ -95,11 +95,20 @@ def torchrun(n: int) -> list[str]:
     ]
 
 
+def compiles(args) -> bool:
+    """Whether the command asks torch.compile for a model: inductor's compile workers hung in a
+    process forked from the warm server (a CI run, 2026-12-07), so such a run starts fresh."""
+    asked = [
+        a.split("=", 1)[1] for a in args if a.split("=", 1)[0].endswith("compile") and "=" in a
+    ]
+    return any(value not in ("off", "false", "auto") for value in asked)
+
+
 def engine_process(*args: str, env=None, cwd: Path = REPO, timeout: float = 300):
     """`python -m engine.train ARGS`, a process of its own, its output captured: forked from a
     warm interpreter where nothing at its start would differ (tests/warm.py)."""
     env = env or engine_env()
-    if warm.usable(env):
+    if warm.usable(env) and not compiles(args):
         return warm.run("engine.train", list(args), env, cwd, timeout)
     return subprocess.run(
         [sys.executable, "-m", "engine.train", *args], cwd=cwd, capture_output=True, text=True,
