@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -98,9 +99,13 @@ def torchrun(n: int) -> list[str]:
 def compiles(args) -> bool:
     """Whether the command asks torch.compile for a model: inductor's compile workers hung in a
     process forked from the warm server (a CI run, 2026-12-07), so such a run starts fresh."""
-    asked = [
-        a.split("=", 1)[1] for a in args if a.split("=", 1)[0].endswith("compile") and "=" in a
-    ]
+    args = list(args)
+    asked = [a.split("=", 1)[1] for a in args if "=" in a and a.split("=")[0].endswith("compile")]
+    if "--config" in args[:-1]:  # a variant that compiles (cifar10's fast.yaml)
+        variant = args[args.index("--config") + 1]
+        files = [Path(variant), *REPO.glob(f"recipes/*/{variant}.yaml")]
+        texts = [f.read_text() for f in files if f.is_file()]
+        asked += [m for t in texts for m in re.findall(r"^\s*compile:\s*(\S+)", t, re.M)]
     return any(value not in ("off", "false", "auto") for value in asked)
 
 
