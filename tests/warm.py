@@ -36,9 +36,11 @@ PRELOAD = ["torch", "torch._dynamo", "torchvision"]
 # Read by the interpreter's start or by the imports above: a run that sets them otherwise than
 # the server's environment (tests.helpers.engine_env()) gets a fresh interpreter. Not
 # PYTHONPATH and PYTHONDONTWRITEBYTECODE, which the forked process applies itself, nor
-# OMP_NUM_THREADS, whose thread count it sets as torch would have read it.
+# OMP_NUM_THREADS, whose thread count it sets as torch would have read it. Not KMP_*: torch's
+# wheels here link GNU OpenMP (libgomp), which reads none; scikit-learn's and joblib's imports
+# write two of them into the environment of a test process.
 AT_IMPORT = (
-    "PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_",
+    "PYTHON", "OMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_",
     "NVIDIA_", "LD_", "MALLOC", "TMP", "TEMP",
 )  # fmt: skip
 APPLIED = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS")
