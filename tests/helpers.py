@@ -6,7 +6,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import struct
 import subprocess
 import sys
@@ -48,12 +47,13 @@ def launch_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, st
 def launch(*args: str, cwd: Path = REPO, timeout: float = 60, **env: str):
     """`python -m launch ARGS` with only the request variables given here (forked warm, its
     engine checks too: tests.warm)."""
-    if warm.usable(launch_env(**env)):
-        return warm.run("launch", list(args), launch_env(**env), cwd, timeout)
+    env = launch_env(**env)
+    if warm.usable(env):
+        return warm.run("launch", list(args), env, cwd, timeout)
     return subprocess.run(
         [sys.executable, "-m", "launch", *args],
         cwd=cwd,
-        env=launch_env(**env),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -96,24 +96,11 @@ def torchrun(n: int) -> list[str]:
     ]
 
 
-def compiles(args) -> bool:
-    """Whether the command asks torch.compile for a model: inductor's compile workers hung in a
-    process forked from the warm server (a CI run, 2026-12-07), so such a run starts fresh."""
-    args = list(args)
-    asked = [a.split("=", 1)[1] for a in args if "=" in a and a.split("=")[0].endswith("compile")]
-    if "--config" in args[:-1]:  # a variant that compiles (cifar10's fast.yaml)
-        variant = args[args.index("--config") + 1]
-        files = [Path(variant), *REPO.glob(f"recipes/*/{variant}.yaml")]
-        texts = [f.read_text() for f in files if f.is_file()]
-        asked += [m for t in texts for m in re.findall(r"^\s*compile:\s*(\S+)", t, re.M)]
-    return any(value not in ("off", "false", "auto") for value in asked)
-
-
 def engine_process(*args: str, env=None, cwd: Path = REPO, timeout: float = 300):
     """`python -m engine.train ARGS`, a process of its own, its output captured: forked from a
     warm interpreter where nothing at its start would differ (tests/warm.py)."""
     env = env or engine_env()
-    if warm.usable(env) and not compiles(args):
+    if warm.usable(env, engine_argv=args, cwd=cwd):
         return warm.run("engine.train", list(args), env, cwd, timeout)
     return subprocess.run(
         [sys.executable, "-m", "engine.train", *args], cwd=cwd, capture_output=True, text=True,

@@ -32,6 +32,8 @@ import traceback
 from multiprocessing import forkserver
 from pathlib import Path
 
+import yaml
+
 PRELOAD = ["torch", "torch._dynamo", "torchvision"]
 # Read by the interpreter's start or by the imports above: a run that sets them otherwise than
 # the server's environment (tests.helpers.engine_env()) gets a fresh interpreter. Not
@@ -52,6 +54,8 @@ FORKED_MODULES = ("engine.train", "engine.resolved")
 # The environment the test process started with: the server's is engine_env() of it, not of
 # whatever a test has set (TORCH_LOGS, CUDA_VISIBLE_DEVICES) when the first command starts.
 STARTED_WITH = dict(os.environ)
+# train.compile's values that compile nothing on a CPU (YAML reads on/off as booleans).
+NOT_COMPILED = ("auto", "off", "false")
 _server_env: dict[str, str] | None = None
 _started: list[bool] = []
 
@@ -73,13 +77,37 @@ def server_env() -> dict[str, str]:
     return _server_env
 
 
-def usable(env: dict[str, str]) -> bool:
-    """Whether a process with this environment may be forked from the server."""
+def usable(env: dict[str, str], engine_argv=(), cwd: Path | None = None) -> bool:
+    """Whether a process with this environment (and, for `engine.train`, this command line in
+    cwd) may be forked from the server."""
     if os.environ.get("TESTS_COLD_PROCESSES") or env.get("TESTS_COLD_PROCESSES"):
+        return False
+    if engine_argv and compiles(list(engine_argv), cwd or Path.cwd()):
         return False
     server = server_env()
     names = {k for k in (*env, *server) if k.startswith(AT_IMPORT)} - {*APPLIED, *READ_LATER}
     return all(env.get(k) == server.get(k) for k in names) and not _startup_hooks(env)
+
+
+def compiles(engine_argv: list[str], cwd: Path) -> bool:
+    """Whether `engine.train engine_argv` asks torch.compile for a model, in an override or in
+    its --config (a variant or a file): inductor's compile workers hung in a process forked
+    from the server (a CI run, 2026-12-07), so such a run starts fresh. Read with the engine's
+    own parser; a command it refuses builds no model."""
+    from engine import catalog, cli
+    from engine.config import ConfigError
+
+    try:
+        request = cli.parse_argv(engine_argv)
+        asked = [o.split("=", 1)[1] for o in request.overrides if o.startswith("train.compile=")]
+        if request.config and not request.check:
+            path = Path(request.config) if catalog.is_config_file(request.config) else None
+            path = cwd / path if path else catalog.variant_path(request.recipe, request.config)
+            train = (yaml.safe_load(path.read_text()) or {}).get("train") or {}
+            asked.insert(0, train.get("compile", "auto"))
+    except (ConfigError, OSError, yaml.YAMLError):
+        return False
+    return not request.check and bool(asked) and str(asked[-1]).lower() not in NOT_COMPILED
 
 
 def _startup_hooks(env: dict[str, str]) -> list[Path]:

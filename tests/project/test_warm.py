@@ -59,6 +59,23 @@ def test_what_a_fresh_interpreter_would_read_otherwise_starts_cold(tmp_path):
     assert warm.usable(helpers.engine_env())
     assert not warm.usable(helpers.engine_env(TORCH_LOGS="dynamo"))
     assert warm.usable(helpers.engine_env(TORCH_HOME=str(tmp_path)))  # read when used
+
+
+def test_a_run_that_compiles_starts_cold_and_one_that_only_checks_does_not(tmp_path):
+    """inductor's compile workers hung in a forked process: an override, a variant (cifar10's
+    fast.yaml) or a config file asking for torch.compile starts a fresh interpreter."""
+    env = helpers.engine_env()
+    (tmp_path / "c.yaml").write_text("recipe: digits\ntrain:\n  compile: on\n")
+    for argv in (
+        ["digits", "train.compile=on"], ["--spawn", "2", "digits", "train.compile=true"],
+        ["cifar10", "--config", "fast"], ["digits", "--config", "c.yaml"],
+    ):  # fmt: skip
+        assert not warm.usable(env, engine_argv=argv, cwd=tmp_path), argv
+    for argv in (
+        ["digits"], ["digits", "train.compile=auto"], ["cifar10", "--config", "fast", "--check", "1"],
+        ["cifar10", "--config", "fast", "train.compile=off"],
+    ):  # fmt: skip
+        assert warm.usable(env, engine_argv=argv, cwd=tmp_path), argv
     assert not warm.usable(helpers.engine_env(TESTS_COLD_PROCESSES="1"))
     (tmp_path / "sitecustomize.py").write_text("import sys\n")
     assert not warm.usable(helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}"))
