@@ -61,16 +61,28 @@ def _pass_signals_on(ctx) -> None:
         signal.signal(sig, forward)
 
 
+# What every child imports before its first step, imported once in the fork server instead
+# of once per child (~4 s of CPU each): torch.optim imports torch._dynamo on its first
+# parameter group, the image recipes torchvision. A module that is missing is skipped.
+PRELOAD = ("torch", "torch._dynamo", "torchvision")
+
+
 def spawn_local(n: int, entry: Callable[[list[str]], int], argv: list[str]) -> int:
     """Run entry(argv) (the engine's command line) in n processes. The parent picks the port
-    (and, in argv, the run name) so every child agrees on them."""
+    (and, in argv, the run name) so every child agrees on them.
+
+    The children fork from a fork server, a fresh interpreter that has imported PRELOAD and
+    the entry's module: nothing of this process (threads, OpenMP's pool, CUDA) is forked,
+    as with "spawn", and the imports are paid once per run, not once per process."""
     threads = max(1, (os.cpu_count() or 1) // n)
+    home = entry.__module__
+    mp.set_forkserver_preload([*PRELOAD, *([home] if home != "__main__" else [])])
     ctx = mp.start_processes(
         _child,
         args=(n, free_port(), argv, threads, entry),
         nprocs=n,
         join=False,
-        start_method="spawn",
+        start_method="forkserver",
     )
     _pass_signals_on(ctx)
     try:

@@ -50,7 +50,11 @@ TOLERANCE = 1e-5  # float rounding: gradients summed in another order
 
 
 def gpt(root, name, *overrides, procs=2, **kwargs):
-    prefix = torchrun(procs) if procs > 1 else None
+    """A gpt run on procs processes started by the engine's --spawn: the ranks run the path
+    torchrun's do (tests/distributed proves the two train alike), from one import of torch
+    instead of one per rank and one for torchrun. The killed run below and the digits
+    parity test run under torchrun itself."""
+    prefix = [sys.executable, "-m", "engine.train", "--spawn", str(procs)] if procs > 1 else None
     return run_engine(root, name, *overrides, prefix=prefix, recipe="gpt", **kwargs)
 
 
