@@ -24,19 +24,25 @@ SOAK = [
 
 
 def ranks(pid: int) -> list[int]:
-    """The training processes spawn started (not multiprocessing's resource tracker)."""
+    """The training processes --spawn started: the children of its fork server (not
+    multiprocessing's resource tracker, not the fork server itself)."""
+    servers = [p for p in children(pid) if b"forkserver" in cmdline(p)]
+    return [p for server in servers for p in children(server)]
+
+
+def children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         text = (task / "children").read_text() if (task / "children").exists() else ""
         found += [int(p) for p in text.split()]
-    return [p for p in found if b"resource_tracker" not in cmdline(p)]
+    return found
 
 
 def cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError):
-        return b"resource_tracker"  # gone: skip it too
+        return b""  # gone
 
 
 def usage(pid: int) -> tuple[int, int] | None:
