@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -70,6 +71,10 @@ def engine_here(*args: str, cwd: Path = REPO, env: dict | None = None):
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    # A run refused after it installed its stop-signal handlers: they end with its process
+    saved_handlers = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+    }
     os.environ.clear()
     os.environ.update(engine_env() if env is None else env)
     os.chdir(cwd)
@@ -80,6 +85,8 @@ def engine_here(*args: str, cwd: Path = REPO, env: dict | None = None):
         os.environ.clear()
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
+        for sig, handler in saved_handlers.items():
+            signal.signal(sig, handler)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
