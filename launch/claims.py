@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from engine.catalog import RESULTS_FILE
+from engine.config import load_yaml
 from engine.rundir import decide_run_name
 from launch import render, request
 from launch.errors import UserError
@@ -61,7 +62,7 @@ def load(recipe: str, env: Mapping[str, str]) -> Claims:
             "recipes with one: " + (", ".join(with_results(env)) or "none")
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
         claims = tuple(
             Claim(tuple(map(str, c["overrides"])), float(c["value"])) for c in data["runs"]
         )

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from engine.config import load_yaml
 from launch.errors import UserError
 from launch.runs import BOOKKEEPING, BOOKKEEPING_PREFIXES, value_text
 
@@ -128,7 +129,7 @@ def split_values(text: str) -> list[str]:
 def canonical(text: str) -> Any:
     """A value as the engine reads an override (YAML), so 0.1 and 0.10 are one value."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -229,7 +230,7 @@ def from_overrides(overrides: Sequence[str]) -> tuple[list[Axis], list[str]]:
 
 def load_file(path: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml(Path(path).read_text())
     except OSError as err:
         raise UserError(
             f"SWEEP={path}: cannot read it ({err.strerror}); give a sweep file"

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from engine import results
+from engine.config import load_yaml
 from launch.errors import UserError
 
 # The engine creates it as a run starts (right after config.yaml); a recipe folder, which has
@@ -234,7 +235,7 @@ def read_config(path: Path, notes: list[str]) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        tree = yaml.safe_load(path.read_bytes())
+        tree = load_yaml(path.read_bytes())
     except yaml.YAMLError:
         notes.append(f"{path}: not valid YAML, its settings left out")
         return {}

@@ -46,8 +46,10 @@ from engine.config.fields import (
     build_section,
     guarded,
     is_resume_safe,
+    load_yaml,
     parse_overrides,
     safe,
+    type_hints,
 )
 from engine.config.finalize import finalize
 from engine.config.resolve import (
@@ -104,6 +106,8 @@ __all__ = [
     "TOP_TYPES",
     "YAML_FAILURES",
     "YAML_NULLS",
+    "load_yaml",
+    "type_hints",
     "CheckpointConfig",
     "Config",
     "ConfigError",

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from engine.config.fields import type_hints
 from engine.config.sections import TOP_LEVEL, TOP_RANGES, TOP_TYPES, Config
 
 
@@ -36,7 +37,7 @@ def describe_section(prefix: str, cls: type, values: Any = None) -> list[KeyHelp
     """The keys of a section (a nested section's as prefix.name.key), in declaration order;
     `values`: a resolved section whose values are shown instead of the field defaults (a
     recipe's own, e.g. digits' train.epochs=15)."""
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     meanings = field_meanings(cls)
     rows = []
     for f in dataclasses.fields(cls):

@@ -11,11 +11,10 @@ Machine facts (device, data root, hosts) are not settings: they go to env.json."
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from typing import Any
 
-from engine.config.fields import ConfigError, _check_range, _check_type
+from engine.config.fields import ConfigError, _check_range, _check_type, type_hints
 from engine.config.sections import Config
 
 TOP_LEVEL_DERIVED = ("resume",)  # top-level keys a derivation may set (scoring: resume=none)
@@ -34,7 +33,7 @@ def finalize(cfg: Config, derived: Mapping[str, Any]) -> Config:
         fields = {f.name: f for f in dataclasses.fields(owner)}
         if leaf not in fields:
             raise ConfigError(f"finalize: {dotted!r} is not a config key")
-        checked = _check_type(dotted, value, typing.get_type_hints(type(owner))[leaf])
+        checked = _check_type(dotted, value, type_hints(type(owner))[leaf])
         _check_range(dotted, checked, fields[leaf].metadata.get("range"))
         setattr(owner, leaf, checked)
     return cfg

@@ -19,6 +19,7 @@ from engine.config.fields import (
     _check_type,
     _closest,
     build_section,
+    load_yaml,
     parse_overrides,
 )
 from engine.config.sections import (
@@ -44,7 +45,7 @@ def merge(base: dict, update: dict) -> dict:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except UnicodeDecodeError:  # before YAML_FAILURES, which holds its base, ValueError
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except YAML_FAILURES as err:
