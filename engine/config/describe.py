@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import math
@@ -124,6 +125,7 @@ def _own_meanings(cls: type) -> dict[str, str]:
     }
 
 
+@functools.cache  # inspect parses the class's whole module to find it: once per class
 def _class_source(cls: type) -> str:
     try:
         return textwrap.dedent(inspect.getsource(cls))

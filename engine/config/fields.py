@@ -124,9 +124,26 @@ YAML_FAILURES = (yaml.YAMLError, ValueError, TypeError, OverflowError, Recursion
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def load_yaml(text: str | bytes) -> Any:
-    """yaml.safe_load, through libyaml when it is there."""
-    return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 (a safe loader)
+    """yaml.safe_load, through libyaml when it is there. Text holding surrogates (bytes of an
+    argument that were not UTF-8) goes to Python's parser, which names them; libyaml cannot
+    encode them."""
+    try:
+        return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 (a safe loader)
+    except UnicodeEncodeError:
+        return yaml.safe_load(text)
+
+
+def dump_yaml(data: Any) -> str:
+    """yaml.safe_dump(data, sort_keys=False), through libyaml's emitter when it is there; with
+    surrogates in a value, Python's emitter, which escapes them."""
+    try:
+        return yaml.dump(data, Dumper=SAFE_DUMPER, sort_keys=False)
+    except UnicodeEncodeError:
+        return yaml.safe_dump(data, sort_keys=False)
 
 
 @functools.cache

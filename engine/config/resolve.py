@@ -10,8 +10,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from engine.config.fields import (
     YAML_FAILURES,
     ConfigError,
@@ -19,6 +17,7 @@ from engine.config.fields import (
     _check_type,
     _closest,
     build_section,
+    dump_yaml,
     load_yaml,
     parse_overrides,
 )
@@ -137,4 +136,4 @@ def validate(cfg: Config) -> None:
 
 def dump(cfg: Config) -> str:
     """The resolved config as YAML; loading it as a recipe config gives the same Config."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    return dump_yaml(cfg.to_dict())

@@ -37,6 +37,20 @@ def test_libyaml_reads_every_config_file_as_pythons_parser_does():
     assert len(files) > 10
     for text in [f.read_text() for f in files] + YAML_SAMPLES:
         assert C.load_yaml(text) == yaml.safe_load(text), text[:200]
+    with pytest.raises(yaml.YAMLError, match="special characters are not allowed"):
+        C.load_yaml("a: \udcff")  # undecodable bytes of an argument: Python's parser names them
+
+
+@pytest.mark.parametrize("recipe", R.available())
+def test_a_resolved_config_is_written_as_pythons_emitter_writes_it(recipe):
+    """C.dump goes through libyaml's emitter where PyYAML has it: the text of every recipe's
+    resolved config, with awkward text in its text fields, is the one yaml.safe_dump writes."""
+    assert C.fields.SAFE_DUMPER is yaml.CSafeDumper
+    for text in ["", "\n", "'", '"', "$(x)", "-1", "1e3", "é", "\u2028", "\x1b[31m", "x" * 300,
+                 "a b " * 40, "null", "off", "0123", "2001-12-14", "a: b", "x #y", "&a", "|", "\udcff"]:  # fmt: skip
+        cfg, _ = load_config(recipe, [])
+        cfg.run.name = cfg.log.project = cfg.note = text
+        assert C.dump(cfg) == yaml.safe_dump(cfg.to_dict(), sort_keys=False), text
 
 
 TEXT_AS_WRITTEN = ["0123", "1e3", "true", "null", "0x1F", "~", "off", "[1, 2]", "a=b", "", "é"]
