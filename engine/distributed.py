@@ -222,10 +222,11 @@ def use_data_group(group) -> None:
 def shutdown() -> None:
     """Destroy the process group, once the caller has dropped what holds it (the wrapped
     model): gloo's threads end here, not during interpreter shutdown. DDP's reducer and its
-    hooks form reference cycles, hence the collection first."""
+    hooks form reference cycles, hence the collection first (a full collection of a
+    process's heap: skipped when there is no group)."""
     use_data_group(None)
-    gc.collect()
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
