@@ -32,8 +32,6 @@ import traceback
 from multiprocessing import forkserver
 from pathlib import Path
 
-import yaml
-
 PRELOAD = ["torch", "torch._dynamo", "torchvision"]
 # Read by the interpreter's start or by the imports above: a run that sets them otherwise than
 # the server's environment (tests.helpers.engine_env()) gets a fresh interpreter. Not
@@ -95,7 +93,7 @@ def compiles(engine_argv: list[str], cwd: Path) -> bool:
     from the server (a CI run, 2026-12-07), so such a run starts fresh. Read with the engine's
     own parser; a command it refuses builds no model."""
     from engine import catalog, cli
-    from engine.config import ConfigError
+    from engine.config import ConfigError, read_yaml
 
     try:
         request = cli.parse_argv(engine_argv)
@@ -103,9 +101,9 @@ def compiles(engine_argv: list[str], cwd: Path) -> bool:
         if request.config and not request.check:
             path = Path(request.config) if catalog.is_config_file(request.config) else None
             path = cwd / path if path else catalog.variant_path(request.recipe, request.config)
-            train = (yaml.safe_load(path.read_text()) or {}).get("train") or {}
+            train = read_yaml(path).get("train") or {}
             asked.insert(0, train.get("compile", "auto"))
-    except (ConfigError, OSError, yaml.YAMLError):
+    except (ConfigError, OSError):
         return False
     return not request.check and bool(asked) and str(asked[-1]).lower() not in NOT_COMPILED
 

@@ -122,9 +122,7 @@ YAML_FAILURES = (yaml.YAMLError, ValueError, TypeError, OverflowError, Recursion
 # reads the base, recipe and variant files at each resolution). libyaml also refuses nesting
 # deeper than 1,000 levels with a YAMLError instead of recursing.
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # and its emitter: the same text
 
 
 def load_yaml(text: str | bytes) -> Any:

@@ -59,6 +59,9 @@ def test_what_a_fresh_interpreter_would_read_otherwise_starts_cold(tmp_path):
     assert warm.usable(helpers.engine_env())
     assert not warm.usable(helpers.engine_env(TORCH_LOGS="dynamo"))
     assert warm.usable(helpers.engine_env(TORCH_HOME=str(tmp_path)))  # read when used
+    assert not warm.usable(helpers.engine_env(TESTS_COLD_PROCESSES="1"))
+    (tmp_path / "sitecustomize.py").write_text("import sys\n")
+    assert not warm.usable(helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}"))
 
 
 def test_a_run_that_compiles_starts_cold_and_one_that_only_checks_does_not(tmp_path):
@@ -76,9 +79,6 @@ def test_a_run_that_compiles_starts_cold_and_one_that_only_checks_does_not(tmp_p
         ["cifar10", "--config", "fast", "train.compile=off"],
     ):  # fmt: skip
         assert warm.usable(env, engine_argv=argv, cwd=tmp_path), argv
-    assert not warm.usable(helpers.engine_env(TESTS_COLD_PROCESSES="1"))
-    (tmp_path / "sitecustomize.py").write_text("import sys\n")
-    assert not warm.usable(helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}"))
 
 
 # A fake engine whose check refuses with what it saw (tests.helpers.fake_checkout).
