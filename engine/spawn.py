@@ -1,9 +1,11 @@
 """Start N local processes without torchrun (notebooks, machines without it).
 
-Each child gets the variables torchrun would set, so it runs exactly the torchrun path."""
+Each child gets the variables torchrun would set, so it runs exactly the torchrun path,
+including its store: the parent hosts the rendezvous store, as torchrun's agent does."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
@@ -11,10 +13,12 @@ import sys
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
 def free_port() -> int:
+    """A port free now (for tests that need one to pass on; it can be taken before use)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -28,6 +32,7 @@ def _child(local_rank: int, world: int, port: int, argv: list[str], threads: int
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the parent's store (host_store)
         OMP_NUM_THREADS=str(threads),
     )
     torch.set_num_threads(threads)
@@ -67,6 +72,16 @@ def _pass_signals_on(ctx) -> None:
 PRELOAD = ("torch", "torch._dynamo", "torchvision")
 
 
+def host_store(world: int) -> dist.TCPStore:
+    """The rendezvous store, hosted by this process on a port the OS picks and that stays
+    bound: a port chosen free and then bound by rank 0 seconds later (after the fork server's
+    imports) could be taken in between by another program's socket, failing the run."""
+    timeout = datetime.timedelta(minutes=30)  # the clients' own timeouts govern the run
+    return dist.TCPStore(
+        "127.0.0.1", 0, world, is_master=True, timeout=timeout, wait_for_workers=False
+    )
+
+
 def spawn_local(n: int, entry: Callable[[list[str]], int], argv: list[str]) -> int:
     """Run entry(argv) (the engine's command line) in n processes. The parent picks the port
     (and, in argv, the run name) so every child agrees on them.
@@ -77,9 +92,10 @@ def spawn_local(n: int, entry: Callable[[list[str]], int], argv: list[str]) -> i
     threads = max(1, (os.cpu_count() or 1) // n)
     home = entry.__module__
     mp.set_forkserver_preload([*PRELOAD, *([home] if home != "__main__" else [])])
+    store = host_store(n)  # held until every child has ended
     ctx = mp.start_processes(
         _child,
-        args=(n, free_port(), argv, threads, entry),
+        args=(n, store.port, argv, threads, entry),
         nprocs=n,
         join=False,
         start_method="forkserver",
