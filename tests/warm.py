@@ -172,6 +172,7 @@ def _become(module: str, argv: list[str], env: dict, cwd: str) -> None:
     torch.set_num_threads(int(threads) if threads.isdigit() else len(os.sched_getaffinity(0)))
     sys.argv = ["-m", *argv]
     sys.orig_argv = [sys.executable, "-m", module, *argv]
+    _default_start_method()
     code = 0
     try:
         if module == "launch":
@@ -189,6 +190,14 @@ def _become(module: str, argv: list[str], env: dict, cwd: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _default_start_method() -> None:
+    """No multiprocessing start method chosen, as in a fresh interpreter. A fork server's child
+    inherits its parent's ("forkserver"): a DataLoader's workers then started from a fork
+    server of their own, an interpreter importing torch (seconds per loader), instead of
+    forking as Linux's default does."""
+    multiprocessing.set_start_method(None, force=True)
 
 
 def _served(module, argv, env, cwd, stdin, out, err) -> None:

@@ -13,7 +13,7 @@ import torch
 from engine.data.prefetch import FinishAhead
 from engine.data.stages import STAGES, StageTimes, sample_stage, worker_batch_seconds
 from engine.meter import clocked, slowest_worker_stage
-from tests.datagen_images import write_image_folder
+from tests.datagen_images import SMALL_ARCH, write_image_folder
 from tests.helpers import records
 
 # the loop's own bookkeeping between the measured parts (the progress bar, stop checks, the
@@ -68,7 +68,7 @@ def test_every_train_record_says_where_its_window_went(tmp_path, train_here):
     """decode=gpu on the CPU, no workers: the batch is decoded and augmented on the training
     thread, inside to_device."""
     root = write_image_folder(tmp_path / "imagenet", classes=2, train_per_class=12)
-    tiny = ["model.arch=resnet18", "train.batch_size=4", "data.augment.train_size=32"]
+    tiny = [f"model.arch={SMALL_ARCH}", "train.batch_size=4", "data.augment.train_size=32"]
     tiny += ["data.augment.eval_resize=36", "data.augment.eval_size=32", "train.max_steps=6"]
     tiny += ["loader.num_workers=0", "log.every_steps=2", f"data.root={root}", "data.decode=gpu"]
     train_here(tmp_path, "breakdown", *tiny, recipe="imagenet")

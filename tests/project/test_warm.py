@@ -9,7 +9,7 @@ import sys
 from tests import helpers, warm
 
 PROBE = """\
-import json, os, signal, sys
+import json, multiprocessing, os, signal, sys
 import torch
 sys.stdout.write(json.dumps({
     "argv": sys.argv[1:], "orig_argv": sys.orig_argv, "path": sys.path, "cwd": os.getcwd(),
@@ -17,6 +17,7 @@ sys.stdout.write(json.dumps({
     "probe_env": os.environ.get("PROBE"), "engine_loaded": "engine" in sys.modules,
     "sigint": str(signal.getsignal(signal.SIGINT)), "sigterm": str(signal.getsignal(signal.SIGTERM)),
     "dont_write_bytecode": sys.dont_write_bytecode,
+    "start_method": multiprocessing.get_start_method(allow_none=True),
 }))
 print("to stderr", file=sys.stderr)
 sys.exit(3)
@@ -42,6 +43,8 @@ def test_a_warm_process_is_what_a_fresh_interpreter_would_be(tmp_path):
         seen = json.loads(forked.stdout)
         assert seen == json.loads(cold.stdout)
         assert seen["threads"] == int(threads) and seen["argv"] == ["a", "--b"]
+        # a DataLoader's workers fork, as in a fresh interpreter, not from a fork server
+        assert seen["start_method"] is None
 
 
 def test_the_server_starts_with_the_test_process_environment_not_a_tests(monkeypatch):

@@ -10,12 +10,12 @@ import shutil
 import pytest
 
 from launch.analysis import report
-from tests.datagen_images import settle, write_image_folder
+from tests.datagen_images import SMALL_ARCH, settle, write_image_folder
 from tests.helpers import final_checkpoint, records, run_dir, run_engine
 
 pytestmark = pytest.mark.slow  # trains the imagenet recipe on its example data
 TINY = [
-    "model.arch=resnet18",
+    f"model.arch={SMALL_ARCH}",
     "train.batch_size=6",
     "eval.batch_size=4",
     "data.augment.train_size=32",

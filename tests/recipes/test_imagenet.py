@@ -9,6 +9,7 @@ import pytest
 
 from launch.analysis import report
 from tests.datagen_images import (
+    SMALL_ARCH,
     plant_not_an_image,
     plant_truncated_jpeg,
     settle,
@@ -20,7 +21,7 @@ from tests.recipes.cli_calls import engine_calls
 
 pytestmark = pytest.mark.slow
 TINY = [
-    "model.arch=resnet18",
+    f"model.arch={SMALL_ARCH}",
     "train.batch_size=6",  # 18 training images: 3 steps cover each exactly once
     "eval.batch_size=4",
     "data.augment.train_size=32",

@@ -21,13 +21,13 @@ from engine.data.loaders import SeededSamples
 from engine.seeding import seed_sample
 from launch import cli as launch_cli
 from recipes.imagenet.data import DataConfig, build_datasets
-from tests.datagen_images import write_image_folder
+from tests.datagen_images import SMALL_ARCH, write_image_folder
 from tests.helpers import QUIET, final_checkpoint, records, same_weights
 from tests.recipes.cli_calls import engine_calls
 
 pytestmark = pytest.mark.slow  # trains the recipe in real processes
 TINY = [
-    "model.arch=resnet18",
+    f"model.arch={SMALL_ARCH}",
     "train.batch_size=6",  # 18 training images: 3 steps an epoch
     "eval.batch_size=4",
     "data.augment.train_size=32",

@@ -13,7 +13,7 @@ from engine.catalog import load_config
 from engine.config import LoaderConfig
 from engine.data import shm
 from engine.data.loaders import SeededSamples
-from tests.datagen_images import write_image_folder
+from tests.datagen_images import SMALL_ARCH, write_image_folder
 
 GIB = 2**30
 
@@ -32,7 +32,7 @@ def imagenet_run(folder, tmp_path, *overrides):
             "device=cpu",
             f"run.root={tmp_path}",
             f"data.root={folder}",
-            "model.arch=resnet18",
+            f"model.arch={SMALL_ARCH}",
             "train.batch_size=4",
             "eval.batch_size=4",
             *overrides,

@@ -17,7 +17,7 @@ from PIL import Image
 from engine.data.errors import BadSample
 from engine.vision import codec
 from recipes.imagenet.example import picture
-from tests.datagen_images import write_image_folder
+from tests.datagen_images import SMALL_ARCH, write_image_folder
 from tests.helpers import REPO, engine_env, run_dir, run_engine
 
 
@@ -109,7 +109,7 @@ def test_without_torchcodec_an_image_recipe_stops_in_one_line(tmp_path):
     out = run_engine(
         tmp_path / "runs",
         "no-codec",
-        "model.arch=resnet18",
+        f"model.arch={SMALL_ARCH}",
         "train.max_steps=1",
         f"data.root={root}",
         recipe="imagenet",

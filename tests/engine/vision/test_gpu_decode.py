@@ -34,6 +34,7 @@ from engine.vision.images import (
     mean_colour,
 )
 from tests.datagen_images import (
+    SMALL_ARCH,
     jpeg_bytes,
     plant_jpeg,
     plant_not_an_image,
@@ -327,7 +328,7 @@ def test_trains_and_evaluates_through_the_engine_with_decode_gpu(tmp_path, train
     root = write_image_folder(tmp_path / "imagenet")
     plant_png_as_jpeg(root / "train" / wnid(2) / f"{wnid(2)}_1.JPEG")
     settle(root)
-    tiny = ["model.arch=resnet18", "train.batch_size=6", "eval.batch_size=4"]
+    tiny = [f"model.arch={SMALL_ARCH}", "train.batch_size=6", "eval.batch_size=4"]
     tiny += ["data.augment.train_size=32", "data.augment.eval_resize=36"]
     tiny += ["data.augment.eval_size=32", "loader.num_workers=2", "train.max_steps=3"]
     gpu = [*tiny, f"data.root={root}", "data.decode=gpu"]
