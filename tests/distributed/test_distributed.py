@@ -1,5 +1,11 @@
 """Real multi-process training with gloo on CPU: torchrun, two torchrun agents as two nodes,
-and the engine's own process spawning."""
+and the engine's own process spawning.
+
+torchrun trains the reference run, restarts a killed group, joins two agents as two nodes and
+ends a job whose rank failed; the tests whose subject is not the launcher start their ranks
+with the engine's --spawn (spawn()), which runs the ranks' torchrun path with a store hosted by
+the launcher as torchrun's agent does, from one import of torch instead of one per process
+(test_spawned_and_profiled_processes_train_exactly_like_torchrun compares the two)."""
 
 import json
 import shutil
@@ -33,6 +39,10 @@ TOLERANCE = 1e-5  # float rounding from summing gradients in another order
 RESUME_TOLERANCE = 5e-5
 
 
+def spawn(n: int) -> list[str]:
+    return [sys.executable, "-m", "engine.train", "--spawn", str(n)]
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
@@ -60,7 +70,7 @@ def test_one_process_with_accumulation_equals_two_processes(root, two_procs):
 def test_accumulation_on_two_processes_equals_one_process(root, two_procs):
     """2 processes x 2 micro batches against 1 process x 4: the global batch decides."""
     run_engine(root, "one-x4", *INVARIANT, "train.micro_batch_size=16")
-    run_engine(root, "two-x2", *INVARIANT, "train.micro_batch_size=16", prefix=torchrun(2))
+    run_engine(root, "two-x2", *INVARIANT, "train.micro_batch_size=16", prefix=spawn(2))
     assert sample_ids(root, "one-x4") == sample_ids(root, "two-x2") == sample_ids(root, "two")
     # Four partial sums added in another order each step: the drift through momentum reached
     # 1.3e-5 after 30 steps; an unsynchronised micro batch moves the weights by ~1e-2.
@@ -81,7 +91,6 @@ def test_a_killed_worker_restarts_the_group_which_resumes_bitwise(root, two_proc
 
 
 def test_a_hung_rank_ends_the_job_with_a_timeout_naming_what_waited(tmp_path):
-    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
     # A silent hang would exceed the subprocess timeout and fail the test.
     out = run_engine(
         tmp_path,
@@ -91,7 +100,7 @@ def test_a_hung_rank_ends_the_job_with_a_timeout_naming_what_waited(tmp_path):
         "fault.hang_at_step=3",
         "fault.rank=1",
         "dist.timeout_s=5",
-        prefix=spawn,
+        prefix=spawn(2),
         check=False,
         timeout=180,
     )
@@ -105,9 +114,8 @@ def test_spawned_and_profiled_processes_train_exactly_like_torchrun(root, two_pr
     """The engine's own spawning trains as torchrun does, and profiling steps 4-6 on both
     ranks (prof.steps) changes no loss and no weight: one trace per rank, which parses and
     holds those steps, and make report's table of it."""
-    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
     profiled = ["prof.steps=4:6", "prof.ranks=all"]
-    run_engine(root, "spawned", *INVARIANT, *profiled, prefix=spawn)
+    run_engine(root, "spawned", *INVARIANT, *profiled, prefix=spawn(2))
     assert same_weights(final_weights(root, "spawned"), two_procs)
     losses = [{k: v for k, v in r.items() if not clocked(k)} for r in records(root, "two", "train")]
     assert losses == [
@@ -137,21 +145,20 @@ def test_spawned_and_profiled_processes_train_exactly_like_torchrun(root, two_pr
 def test_compiled_ddp_trains_like_eager_ddp(tmp_path):
     """torch.compile(DDP(model)): dynamo's DDPOptimizer splits the graph at DDP's buckets;
     the losses and weights match the eager run up to float rounding (inductor fuses ops)."""
-    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
     common = ["train.max_steps=6", "log.every_steps=2"]
     for mode in ("on", "off"):
-        run_engine(tmp_path, mode, *common, f"train.compile={mode}", prefix=spawn, timeout=600)
+        run_engine(tmp_path, mode, *common, f"train.compile={mode}", prefix=spawn(2), timeout=600)
     compiled, eager = ([r["loss"] for r in records(tmp_path, m, "train")] for m in ("on", "off"))
     assert len(compiled) == 3 and compiled == pytest.approx(eager, abs=1e-4)
     assert max_difference(final_weights(tmp_path, "on"), final_weights(tmp_path, "off")) < 1e-4
 
 
 def test_two_process_checkpoint_resumes_on_two_bitwise_and_on_one(root, two_procs):
-    out = run_engine(root, "resume2", *INVARIANT, "train.stop_at_step=17", prefix=torchrun(2))
+    out = run_engine(root, "resume2", *INVARIANT, "train.stop_at_step=17", prefix=spawn(2))
     assert "stopped at step 17" in out.stderr
     # The same stopped run, resumed once on two processes and once on one.
     shutil.copytree(run_dir(root, "resume2"), run_dir(root, "resume1"))
-    run_engine(root, "resume2", *INVARIANT, prefix=torchrun(2))
+    run_engine(root, "resume2", *INVARIANT, prefix=spawn(2))
     assert same_weights(final_weights(root, "resume2"), two_procs)
     out = run_engine(root, "resume1", *INVARIANT)
     assert "resuming from" in out.stderr
@@ -168,7 +175,7 @@ def test_evaluation_sees_each_sample_exactly_once(tmp_path, world):
         "train.batch_size=48",
         "eval.batch_size=50",
         "log.sample_ids=true",
-        prefix=torchrun(world),
+        prefix=spawn(world) if world > 1 else None,
     )
     (record,) = records(tmp_path, "eval", "eval")
     assert record["count"] == 359  # the held-out split, once, whatever the world size
@@ -215,11 +222,7 @@ def test_two_torchrun_agents_as_two_nodes_form_one_job(tmp_path):
 
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
 def test_one_failing_rank_ends_the_job_with_its_error(tmp_path, launcher):
-    prefix = (
-        torchrun(2)
-        if launcher == "torchrun"
-        else [sys.executable, "-m", "engine.train", "--spawn", "2"]
-    )
+    prefix = torchrun(2) if launcher == "torchrun" else spawn(2)
     # a hang would exceed the subprocess timeout and fail the test; no clock assertion needed
     out = run_engine(
         tmp_path,
@@ -242,7 +245,7 @@ def test_dataparallel_strategy_saves_bare_weights(tmp_path):
 
 def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
     out = run_engine(
-        tmp_path, "sbn", "dist.sync_bn=true", "train.max_steps=3", prefix=torchrun(2), check=False
+        tmp_path, "sbn", "dist.sync_bn=true", "train.max_steps=3", prefix=spawn(2), check=False
     )
     assert out.returncode != 0 and "error: dist.sync_bn needs CUDA devices" in out.stderr
     assert not run_dir(tmp_path, "sbn").exists()  # refused before anything was written
@@ -273,11 +276,10 @@ def test_make_train_with_two_cpu_processes_reaches_the_accuracy_bar(tmp_path):
 @pytest.mark.parametrize("method", ["tcp", "file"])
 def test_tcp_and_file_init_methods(tmp_path, method):
     init = f"tcp://127.0.0.1:{free_port()}" if method == "tcp" else f"file://{tmp_path}/rendezvous"
-    spawn = [sys.executable, "-m", "engine.train", "--spawn", "2"]
     counted = tmp_path / "resolutions"  # --spawn's children read the parent's resolution
     env = engine_env(RECIPES_RESOLUTIONS_LOG=str(counted))
     overrides = (f"dist.init_method={init}", "train.max_steps=3")
-    run_engine(tmp_path, "init", *overrides, prefix=spawn, env=env)
+    run_engine(tmp_path, "init", *overrides, prefix=spawn(2), env=env)
     summary = json.loads((run_dir(tmp_path, "init") / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3
     assert len(counted.read_text().splitlines()) == 1
