@@ -11,13 +11,15 @@ working folder, as `python -m` would) that starts in ~0.1 s. In a forked `python
 the checks it runs through launch.check.run_check are forked from it in turn.
 
 A command whose environment changes what the interpreter's start or those imports read
-(PYTHON*, a sitecustomize on PYTHONPATH, TORCH*, CUDA_*, ...) starts a fresh interpreter as
-before, and so does every command while TESTS_COLD_PROCESSES=1 is set: the way to check that
+(PYTHON*, TORCH*, CUDA_*, a sitecustomize on PYTHONPATH that does more than hide modules,
+...) starts a fresh interpreter as before, and so does every command while TESTS_COLD_PROCESSES=1 is set: the way to check that
 a test does not depend on the shortcut (tests/project/test_warm.py compares the two)."""
 
 from __future__ import annotations
 
+import ast
 import atexit
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -84,7 +86,10 @@ def usable(env: dict[str, str], engine_argv=(), cwd: Path | None = None) -> bool
         return False
     server = server_env()
     names = {k for k in (*env, *server) if k.startswith(AT_IMPORT)} - {*APPLIED, *READ_LATER}
-    return all(env.get(k) == server.get(k) for k in names) and not _startup_hooks(env)
+    hooks = _startup_hooks(env)
+    if hooks and (hooks[0].name != "sitecustomize.py" or hidden_modules(hooks[0]) is None):
+        return False
+    return all(env.get(k) == server.get(k) for k in names)
 
 
 def compiles(engine_argv: list[str], cwd: Path) -> bool:
@@ -114,6 +119,45 @@ def _startup_hooks(env: dict[str, str]) -> list[Path]:
     folders = [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     names = ("sitecustomize.py", "usercustomize.py")
     return [folder / name for folder in folders for name in names if (folder / name).exists()]
+
+
+def hidden_modules(hook: Path) -> list[str] | None:
+    """The modules a startup hook hides, where that is all it does (`import sys`, then
+    `sys.modules["name"] = None` lines: how the tests stand in for a machine without an
+    optional package); None for any other hook."""
+    names = []
+    for statement in ast.parse(hook.read_text()).body:
+        if isinstance(statement, ast.Import) and [a.name for a in statement.names] == ["sys"]:
+            continue
+        match statement:
+            case ast.Assign(
+                targets=[
+                    ast.Subscript(
+                        ast.Attribute(ast.Name("sys"), "modules"), ast.Constant(str() as name)
+                    )
+                ],
+                value=ast.Constant(None),
+            ):
+                names.append(name)
+            case _:
+                return None
+    return names
+
+
+def _run_startup_hook(env: dict[str, str], module: str, argv: list[str]) -> None:
+    """The sitecustomize on PYTHONPATH (usable() let only one that hides modules through), run
+    as the interpreter's start would have. Where the server imported a module it hides, that
+    module cannot be hidden any more: this process becomes a fresh interpreter instead (exec:
+    the same process, files and exit code)."""
+    hooks = _startup_hooks(env)
+    if not hooks:
+        return
+    hidden = hidden_modules(hooks[0]) or []
+    if any(m == name or m.startswith(f"{name}.") for m in sys.modules for name in hidden):
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+    spec = importlib.util.spec_from_file_location("sitecustomize", hooks[0])
+    hook = sys.modules["sitecustomize"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
 
 
 def _context():
@@ -168,6 +212,7 @@ def _become(module: str, argv: list[str], env: dict, cwd: str) -> None:
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [cwd, *extra, *_interpreter_path()]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    _run_startup_hook(env, module, argv)
     threads = env.get("OMP_NUM_THREADS", "")
     torch.set_num_threads(int(threads) if threads.isdigit() else len(os.sched_getaffinity(0)))
     sys.argv = ["-m", *argv]

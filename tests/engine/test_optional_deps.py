@@ -1,8 +1,9 @@
 """Optional packages never break training: a machine with torch and torchvision alone (a GPU
 benchmark machine, a site image) lacks wandb, submitit, safetensors, matplotlib, scipy or
 scikit-learn. Real processes in which a sitecustomize.py makes those modules unimportable
-(`sys.modules[name] = None`, as tests/bench/test_gpu_script.py does): what needs none of them
-works; what needs one is a single line naming the fix, with no traceback."""
+(`sys.modules[name] = None`, as tests/bench/test_gpu_script.py does; a forked warm process runs
+it as an interpreter's start would, tests/warm.py): what needs none of them works; what needs
+one is a single line naming the fix, with no traceback."""
 
 import json
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from engine.export import main as export_main
+from tests import warm
 from tests.helpers import REPO, engine_env, launch, records, run_dir, run_engine
 
 WANDB_NOTE = (
@@ -39,7 +41,10 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def python(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`python ARGS` from the repository with this environment, its output captured."""
+    """`python ARGS` from the repository with this environment, its output captured; a
+    `-m MODULE` forked warm (tests/warm.py runs the sitecustomize that hides the modules)."""
+    if args[0] == "-m" and warm.usable(env):
+        return warm.run(args[1], list(args[2:]), env, REPO, timeout=120)
     command = [sys.executable, *args]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 

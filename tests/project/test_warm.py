@@ -63,8 +63,52 @@ def test_what_a_fresh_interpreter_would_read_otherwise_starts_cold(tmp_path):
     assert not warm.usable(helpers.engine_env(TORCH_LOGS="dynamo"))
     assert warm.usable(helpers.engine_env(TORCH_HOME=str(tmp_path)))  # read when used
     assert not warm.usable(helpers.engine_env(TESTS_COLD_PROCESSES="1"))
-    (tmp_path / "sitecustomize.py").write_text("import sys\n")
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['X'] = '1'\n")
     assert not warm.usable(helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}"))
+
+
+HIDING = """\
+import json
+import torch
+found = []
+for name in ("wandb", "numpy"):
+    try:
+        __import__(name)
+        found.append(name)
+    except ImportError as err:
+        found.append(str(err))
+try:
+    found.append(str(type(torch.zeros(1).numpy())))  # torch's numpy, bound at its import
+except RuntimeError as err:
+    found.append(str(err))
+print(json.dumps(found))
+"""
+
+
+def test_a_startup_hook_that_hides_modules_acts_as_at_an_interpreter_s_start(tmp_path):
+    """A sitecustomize that only hides modules (as tests/engine/test_optional_deps.py stands
+    in for a machine without wandb) runs in the forked process as the interpreter's start
+    would run it; one that hides a module the server imported (numpy: torch's) makes the
+    forked process a fresh interpreter (exec), where that module is hidden as it should be."""
+    (tmp_path / "probe.py").write_text(HIDING)
+    for hidden in (["wandb"], ["wandb", "numpy"]):
+        site = tmp_path / "-".join(hidden)
+        site.mkdir()
+        lines = ["import sys", *(f"sys.modules[{name!r}] = None" for name in hidden)]
+        (site / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+        assert warm.hidden_modules(site / "sitecustomize.py") == hidden
+        env = helpers.engine_env(PYTHONPATH=f"{site}:{tmp_path}")
+        assert warm.usable(env)
+        forked = warm.run("probe", [], env, tmp_path, timeout=60)
+        cold = subprocess.run(
+            [sys.executable, "-m", "probe"], cwd=tmp_path, env=env, capture_output=True,
+            text=True, stdin=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+        assert (forked.returncode, forked.stdout) == (cold.returncode, cold.stdout), forked
+        found = json.loads(forked.stdout)
+        assert found[0] == "import of wandb halted; None in sys.modules"
+        assert (found[1] == "numpy") == ("numpy" not in hidden)
+        assert (found[2] == "Numpy is not available") == ("numpy" in hidden)  # not the server's
 
 
 def test_a_run_that_compiles_starts_cold_and_one_that_only_checks_does_not(tmp_path):
