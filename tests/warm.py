@@ -222,6 +222,7 @@ def _become(module: str, argv: list[str], env: dict, cwd: str) -> None:
     try:
         if module == "launch":
             _fork_checks()
+            subprocess.Popen = ForkingPopen  # a sweep's members, a claim's rerun
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit:
         code = _exit_code(exit)
@@ -265,6 +266,70 @@ def _fork_checks() -> None:
         return done.returncode, done.stdout, done.stderr
 
     check.run_check = run_check
+
+
+def _forkable(env: dict[str, str], engine_argv: list[str], cwd: str) -> bool:
+    try:
+        return usable(env, engine_argv, Path(cwd))
+    except ImportError:  # a stand-in engine without engine.cli (launch's tests): start it fresh
+        return False
+
+
+class ForkingPopen(subprocess.Popen):
+    """subprocess.Popen that forks `python -m engine.train ...` from this warm process (as
+    _fork does), its standard streams, process group and session as asked; any other command,
+    or one a fresh interpreter would start otherwise (usable()), is started as before. The
+    forked process keeps this one's other open files, as a forked check does."""
+
+    forked: list[int] = []  # the pids it forked (tests/project/test_warm.py)
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
+        argv = list(args) if isinstance(args, list | tuple) else []
+        cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+        forked = (
+            argv[:2] == [sys.executable, "-m"]
+            and len(argv) > 2
+            and argv[2] in FORKED_MODULES
+            and preexec_fn is None
+            and threading.active_count() == 1
+            and _forkable(dict(os.environ if env is None else env), argv[3:], cwd)
+        )
+        if not forked:
+            return super()._execute_child(
+                args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest
+            )
+        # startupinfo, creationflags, shell, the six pipe ends, restore_signals, gid, gids,
+        # uid, umask, start_new_session, process_group (subprocess.py, POSIX)
+        p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite = rest[3:9]
+        start_new_session, process_group = rest[-2:]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ready_read, ready_write = os.pipe()  # as Popen returns once its child has exec'd
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(ready_read)
+                if start_new_session:
+                    os.setsid()
+                if process_group >= 0:
+                    os.setpgid(0, process_group)
+                os.close(ready_write)  # its session and group are set
+                for fd, target in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2)):
+                    if fd != -1:
+                        os.dup2(fd, target)
+                for fd in {p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite} - {-1, 0, 1, 2}:
+                    os.close(fd)
+                _as_new_process()
+                _become(argv[2], argv[3:], dict(os.environ if env is None else env), cwd)
+            finally:
+                os._exit(1)
+        os.close(ready_write)
+        os.read(ready_read, 1)
+        os.close(ready_read)
+        self.pid = pid
+        self._child_created = True
+        self.forked.append(pid)
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
 
 def _fork(module: str, argv: list[str], env: dict, cwd: str, stdin: str | None, timeout=600):

@@ -153,3 +153,36 @@ def test_a_check_forked_inside_a_warm_launch_answers_as_a_cold_one(tmp_path, mon
     assert [seen.pop("preloaded") for seen in said] == [True, False]  # the first was forked
     assert said[0] == said[1] and "--check" in said[0]["argv"], said
     assert not said[0]["launch_loaded"]  # the check's modules are its own, imported fresh
+
+
+MEMBER = """\
+import json, os, subprocess, sys
+from tests import warm
+if os.environ.get("FORK"):
+    subprocess.Popen = warm.ForkingPopen  # as in a forked `python -m launch`
+argv = [sys.executable, "-m", "engine.train", *sys.argv[1:]]
+child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+group = os.getpgid(child.pid)
+out = child.stdout.read().decode()
+print(json.dumps({"code": child.wait(), "out": out, "own_group": group == child.pid,
+                  "forked": child.pid in warm.ForkingPopen.forked}))
+"""
+
+
+def test_a_forked_launch_forks_the_engine_commands_it_starts_as_they_would_run(tmp_path):
+    """A sweep's members and a claim's rerun: launch starts `python -m engine.train ...` with
+    subprocess.Popen, which a forked launch forks warm too; the command's output, exit code
+    and process group are what the fresh interpreter gives."""
+    (tmp_path / "member.py").write_text(MEMBER)
+    env = helpers.engine_env(PYTHONPATH=f"{tmp_path}:{helpers.REPO}")
+    for engine_argv in (["digits", "--print-config", "optim.lr=0.05"], ["digits", "optim.lrr=1"]):
+        forked = warm.run("member", engine_argv, env | {"FORK": "1"}, helpers.REPO, timeout=60)
+        cold = subprocess.run(
+            [sys.executable, "-m", "member", *engine_argv], cwd=helpers.REPO, env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert forked.returncode == cold.returncode == 0, forked.stderr + cold.stderr
+        seen, fresh = json.loads(forked.stdout), json.loads(cold.stdout)
+        assert seen["forked"] and not fresh["forked"]
+        assert {**seen, "forked": 0} == {**fresh, "forked": 0}
+        assert seen["own_group"] and seen["code"] == (0 if "--print-config" in engine_argv else 2)
