@@ -54,8 +54,8 @@ PLANTS = (
     Plant(
         "profiling draws no random number",
         "engine/profile.py",
-        "            self.profiler.start()\n",
-        "            self.profiler.start()\n            torch.rand(1)\n",
+        "        self.profiler.start()\n",
+        "        self.profiler.start()\n        torch.rand(1)\n",
         (
             "tests/engine/test_profile.py::test_a_profiled_run_trains_exactly_like_an_unprofiled_one_with_dropout",
         ),
@@ -79,8 +79,8 @@ PLANTS = (
     Plant(
         "request precedence: ARGS over the SLURM variables",
         "launch/request.py",
-        "    overrides = (*asked, *user)\n",
-        "    overrides = (*user, *asked)\n",
+        "    overrides = (*keys, *user)\n",
+        "    overrides = (*user, *keys)\n",
         (
             "tests/launch/test_one_resolution.py::test_each_slurm_key_takes_the_highest_layer_that_sets_it",
         ),
