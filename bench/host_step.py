@@ -12,7 +12,8 @@ permutation per epoch: the least any loop over in-memory data does.
 host µs/step = (engine s/step - bare s/step) x 1e6, both the medians of segments (whole
 epochs) measured in the same run in pairs, engine then bare, then bare then engine, after
 one warm-up epoch of each, with one intra-op thread (kernels this small gain nothing from
-more, and waking them is noise). Target: below 300 µs (ratio = 300 / measured, >= 1 passes)."""
+more, and waking them is noise). Target: at most 180 µs (ratio = 180 / measured, >= 1 passes),
+on the AVX512 2-core machine whose figures bench/README.md gives; slower machines read more."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from bench.common import (
     twin_schedule,
 )
 
-TARGET_US = 300.0
+TARGET_US = 180.0
 FEATURES, CLASSES, BATCH = 16, 10, 512
 
 
@@ -139,7 +140,7 @@ def run(quick: bool = False, smoke: bool = False) -> list[dict]:
 def main() -> None:
     for row in run():
         print(
-            f"{row['name']}: {row['measured']:.0f} us/step (target < {TARGET_US:g}); {row['note']}"
+            f"{row['name']}: {row['measured']:.0f} us/step (target <= {TARGET_US:g}); {row['note']}"
         )
 
 

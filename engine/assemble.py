@@ -222,7 +222,8 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
         init = start_from(model, decided) if from_weights else None
         ema = build_ema(model, cfg.ema)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return Network(wrapped, model, eval_model, strategy, layout, trainable, ema, init)
+    plain = not strategy.shards and len({(p.device, p.dtype) for p in trainable}) == 1
+    return Network(wrapped, model, eval_model, strategy, layout, trainable, plain, ema, init)
 
 
 def start_from(model: nn.Module, decided: Decisions) -> dict:

@@ -28,8 +28,8 @@ def first_attempt() -> bool:
 
 def inject_after_step(cfg: FaultConfig, step: int, rank: int) -> None:
     """The faults that strike after an optimizer step, on cfg.rank only."""
-    if rank != cfg.rank:
-        return
+    if rank != cfg.rank or step not in (cfg.raise_at_step, cfg.signal_at_step, cfg.hang_at_step):
+        return  # every step passes here: no environment read unless a fault is due
     if cfg.raise_at_step == step:
         raise InjectedFault(f"injected fault at step {step} on rank {rank}")
     if not first_attempt():

@@ -11,7 +11,6 @@ import runpy
 import time
 
 import torch
-from torch import nn
 
 from engine import checkpoint as ckpt
 from engine import distributed as D
@@ -23,6 +22,7 @@ from engine.ema import update_ema
 from engine.evaluate import run_eval
 from engine.faults import RunError, inject_after_step, slow_data
 from engine.meter import Meter
+from engine.optim import grad_norm_
 from engine.profile import Profiling, phase
 from engine.run import Run
 from engine.tracking import ProgressBar, log
@@ -92,11 +92,7 @@ def gradient_norm(run: Run) -> torch.Tensor:
     if run.opt.scaler.is_enabled():
         run.opt.scaler.unscale_(run.opt.optimizer)
     params = [p for p in run.net.trainable if p.grad is not None]
-    # foreach: one batched norm kernel (by default CPU tensors get one norm call each)
-    if run.cfg.train.grad_clip > 0:
-        norm = nn.utils.clip_grad_norm_(params, run.cfg.train.grad_clip, foreach=True)
-    else:
-        norm = nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    norm = grad_norm_(params, run.cfg.train.grad_clip, run.net.plain)
     if run.net.strategy.shards:  # a DTensor over the shards: the norm of all of them
         norm = norm.full_tensor()
     return norm.detach()

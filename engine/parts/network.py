@@ -25,6 +25,9 @@ class Network(Part):
     strategy: Strategy = transient()  # how it is wrapped and where its parameters live
     layout: torch.memory_format = transient(default=torch.contiguous_format)  # 4-d inputs
     trainable: list[nn.Parameter] = transient(default_factory=list)  # listed once
+    # the trainable tensors are plain (not shards), of one device and dtype: the step's
+    # gradient norm takes engine.optim.grad_norm_'s short path
+    plain: bool = transient(default=False)
     ema: AveragedModel | None = saved(default=None)  # bare weights and n_averaged
     init_record: dict | None = saved(key="init", default=None)  # the first weights' file
 

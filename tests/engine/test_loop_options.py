@@ -1,9 +1,12 @@
+import copy
 import math
 
 import pytest
+import torch
+from torch import nn
 
 from engine.config import SchedConfig
-from engine.optim import lr_factor
+from engine.optim import grad_norm_, lr_factor
 from tests.helpers import final_weights, records, run_dir, run_engine, same_weights
 
 
@@ -18,6 +21,23 @@ def test_warmup_then_cosine_counts_optimizer_steps():
 def test_step_schedule():
     cfg = SchedConfig(name="step", milestones=[5, 8], gamma=0.5)
     assert [lr_factor(s, 10, cfg) for s in (0, 4, 5, 7, 8, 9)] == [1, 1, 0.5, 0.5, 0.25, 0.25]
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.05, 100.0])  # none, clipping, under the limit
+def test_the_short_gradient_norm_is_the_library_s_bit_for_bit(max_norm):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 5), nn.ReLU(), nn.Linear(5, 3))
+    twin, x = copy.deepcopy(model), torch.randn(4, 7)
+    for m in (model, twin):
+        m(x).pow(2).sum().backward()
+    norm = grad_norm_(list(model.parameters()), max_norm, plain=True)
+    if max_norm:
+        expected = nn.utils.clip_grad_norm_(twin.parameters(), max_norm, foreach=True)
+    else:
+        expected = nn.utils.get_total_norm([p.grad for p in twin.parameters()], foreach=True)
+    assert torch.equal(norm, expected)
+    for ours, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(ours.grad, theirs.grad)
 
 
 @pytest.mark.slow
