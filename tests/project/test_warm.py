@@ -186,3 +186,52 @@ def test_a_forked_launch_forks_the_engine_commands_it_starts_as_they_would_run(t
         assert seen["forked"] and not fresh["forked"]
         assert {**seen, "forked": 0} == {**fresh, "forked": 0}
         assert seen["own_group"] and seen["code"] == (0 if "--print-config" in engine_argv else 2)
+
+
+SPAWNING = """\
+import multiprocessing, os, sys
+from engine.rank import report
+if __name__ == "__main__":
+    os.environ["PROBE"] = "set before the spawn"
+    if "--late" in sys.argv:  # read at an interpreter's start: the server must start fresh
+        os.environ["PYTHONHASHSEED"] = "7"
+    multiprocessing.set_forkserver_preload(["torch", "preload_marker"])  # marker: not found
+    rank = multiprocessing.get_context("forkserver").Process(target=report)
+    rank.start()
+    rank.join()
+    sys.exit(rank.exitcode)
+"""
+RANK = """\
+import json, os, signal, sys
+def report():
+    server = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
+    print(json.dumps({
+        "cwd": os.getcwd(), "probe_env": os.environ.get("PROBE"), "path": sys.path,
+        "hash_seed": os.environ.get("PYTHONHASHSEED"), "torch": "torch" in sys.modules,
+        "sigint": str(signal.getsignal(signal.SIGINT)), "fresh_server": b"preload_marker" in server,
+    }), flush=True)
+"""
+
+
+def test_the_fork_server_of_a_warm_spawn_serves_as_a_fresh_one(tmp_path):
+    """`engine.train --spawn` forked warm gets its fork server forked from itself at its start
+    (torch imported once per test process, not once per run): its processes see what those of
+    the library's fresh server see (the environment and folder of the moment they are asked
+    for, the import path, the handlers); an environment changed by then in what an
+    interpreter's start reads gets the library's fresh server."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "train.py").write_text(SPAWNING)
+    (tmp_path / "engine" / "rank.py").write_text(RANK)
+    env = helpers.engine_env(PROBE="at the start", PYTHONPATH=str(tmp_path))
+    for late in ([], ["--late"]):
+        argv = ["--spawn", "2", *late]
+        forked = warm.run("engine.train", argv, env, tmp_path, timeout=60)
+        cold = subprocess.run(
+            [sys.executable, "-m", "engine.train", *argv], cwd=tmp_path, env=env,
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+        assert forked.returncode == cold.returncode == 0, forked.stderr + cold.stderr
+        seen, fresh = json.loads(forked.stdout), json.loads(cold.stdout)
+        assert seen.pop("fresh_server") == bool(late) and fresh.pop("fresh_server")
+        assert seen == fresh and seen["probe_env"] == "set before the spawn" and seen["torch"]
