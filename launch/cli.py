@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import hashlib
 import os
 import shutil
@@ -419,5 +420,12 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     except UserError as e:
         print(f"launch: {printable(str(e))}", file=sys.stderr)
         return e.code
+    except OSError as e:  # a path given (RUN=, TO=, run.name=...) the file system cannot hold
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        name = printable(str(e.filename))
+        name = name if len(name) <= 60 else f"{name[:40]}...{name[-12:]}"
+        print(f"launch: a name too long for the file system: {name}; shorten it", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

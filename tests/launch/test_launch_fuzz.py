@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from launch import cli, request
@@ -192,6 +192,7 @@ def test_random_flags_and_overrides_succeed_or_are_one_line(argv):
 
 @FUZZ
 @given(env=ENVIRONMENTS, command=st.sampled_from(cli.COMMANDS))
+@example(env={"GPUS": "0", "RUN": "x" * 300}, command="logs")  # found: a traceback (name too long)
 def test_random_request_variables_succeed_or_are_one_line(env, command):
     assert_clean_outcome([command, "--dry-run"], env)
 
