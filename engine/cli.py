@@ -35,6 +35,7 @@ from engine import parallel as P
 from engine import recipe as contract
 from engine import weights as home
 from engine.assemble import amp_dtype
+from engine.config import identity
 from engine.data.sampler import check_elastic
 from engine.eval_only import score
 from engine.faults import RunError
@@ -412,8 +413,20 @@ def preflight(
     if cfg.run.name:
         run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
+        check_one_request(cfg, run_dir, recipe)
     wandb_mode(cfg.log)
     tensorboard_check(cfg.log)
+
+
+def check_one_request(cfg: C.Config, run_dir: Path, recipe: Recipe | None) -> None:
+    """One run name, one request (engine.config.identity): a request that is not the one the
+    run under its name trained from is refused, before anything is queued or started.
+    run.overwrite moves that run aside instead."""
+    if cfg.run.overwrite:
+        return
+    also_safe = recipe.resume_safe if recipe is not None else ()
+    trained = rundir.holds_a_run(run_dir)
+    identity.check_same_request(run_dir, cfg.run.name, cfg.to_dict(), also_safe, trained)
 
 
 def data_location(cfg: C.Config) -> str:

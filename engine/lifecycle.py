@@ -19,6 +19,7 @@ from engine import hang, preempt, rundir
 from engine.assemble import setup
 from engine.checkpoint import best
 from engine.checkpoint import state as checkpoint_state
+from engine.config.identity import check_same_request
 from engine.data import fingerprint
 from engine.evaluate import metric_names
 from engine.faults import RunError
@@ -51,7 +52,7 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
         name = D.broadcast_object(rundir.decide_run_name(cfg.run.name, cfg.recipe, cfg.variant))
         C.finalize(cfg, {"run.name": name})
         check_supported(task_of(recipe), cfg.train, cfg.mix)
-        lock, done = lock_run_dir(cfg, denv)
+        lock, done = lock_run_dir(cfg, denv, recipe.resume_safe)
         if done is not None:
             return 0
         run = setup(cfg, recipe, denv, device)
@@ -72,7 +73,9 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
         D.shutdown()
 
 
-def lock_run_dir(cfg: C.Config, denv: D.DistEnv) -> tuple[int | None, int | None]:
+def lock_run_dir(
+    cfg: C.Config, denv: D.DistEnv, also_safe: tuple[str, ...] = ()
+) -> tuple[int | None, int | None]:
     """(rank 0's lock on the run directory, the step the run there finished at or None).
     Taken before anything is said about the run (resuming it, or that it is done), so a
     second launch on a live run is refused first; set-up claims the same lock again."""
@@ -80,13 +83,31 @@ def lock_run_dir(cfg: C.Config, denv: D.DistEnv) -> tuple[int | None, int | None
     lock = D.on_main(lambda: rundir.acquire(run_dir))
     if lock is not None:
         log_to(run_dir / rundir.LOG_NAME)  # rank 0's lines, from here on, in its train.log
-    done = D.broadcast_object(finished_at(cfg, run_dir) if denv.is_main else None)
+    refused, done = D.broadcast_object(standing(cfg, run_dir, also_safe) if denv.is_main else None)
+    if refused:  # every rank: one name, one request (a queued job, too, fails here)
+        if lock is not None:  # the run stays as it was, the refusal noted beside it
+            record_failure(None, run_dir, C.ConfigError(refused))
+            rundir.release(lock)
+        raise C.ConfigError(refused)
     if done is not None and denv.is_main:
         log(
             f"run {run_dir} already finished at step {done}; nothing to do (start another "
             "with a new run.name)"
         )
     return lock, done
+
+
+def standing(cfg: C.Config, run_dir: Path, also_safe: tuple[str, ...]) -> tuple[str, int | None]:
+    """Rank 0, holding the lock: (why this request may not continue the run in run_dir, ""
+    when it may; the step that run finished at, None when there is training to do). A run
+    finished from another request is refused, never "nothing to do"."""
+    try:
+        if not cfg.run.overwrite:
+            trained = rundir.holds_a_run(run_dir)
+            check_same_request(run_dir, cfg.run.name, cfg.to_dict(), also_safe, trained)
+    except C.ConfigError as err:
+        return str(err), None
+    return "", finished_at(cfg, run_dir)
 
 
 def finished_at(cfg: C.Config, run_dir: Path) -> int | None:

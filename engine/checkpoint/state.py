@@ -10,46 +10,19 @@ it continues."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from engine import checkpoint as ckpt
 from engine import codeid
 from engine import config as C
 from engine import distributed as D
 from engine.checkpoint import best
+from engine.config.identity import config_changes
 from engine.data import fingerprint
 from engine.faults import RunError, save_pause
 from engine.parallel import Strategy
 from engine.recipe import Recipe
 from engine.run import Run
 from engine.tracking import log, redact
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= flatten(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def config_changes(
-    saved: dict, current: dict, also_safe: tuple[str, ...] = ()
-) -> tuple[list[str], list[str]]:
-    """(changes that alter the run, changes that keep it), each as 'key old -> new'; also_safe:
-    the recipe's own keys that keep it (Recipe.resume_safe). A key on one side only is a
-    field added or removed by a code update, at its default: not a change."""
-    old, new = flatten(saved), flatten(current)
-    safe_keys = C.resume_safe_keys() + also_safe  # declared beside each config field
-    refused, allowed = [], []
-    for key in sorted(old.keys() & new.keys()):
-        if old[key] == new[key]:
-            continue
-        text = f"{key} {old[key]} -> {new[key]}"
-        (allowed if key.startswith(safe_keys) else refused).append(text)
-    return refused, allowed
 
 
 def resume_source(cfg: C.Config, run_dir: Path) -> tuple[Path, dict] | None:

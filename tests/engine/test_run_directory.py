@@ -69,6 +69,26 @@ def test_a_finished_run_is_not_trained_again(tmp_path, capsys):
     assert json.loads((folder / "summary.json").read_text())["steps"] == 2
 
 
+def test_a_finished_run_is_never_done_for_another_request(tmp_path, capsys):
+    """One name, one request: a second request under a finished run's name (a queued job
+    that finds it done, engine.lifecycle; a check before the queue, engine.cli) is refused
+    naming the differing key, never "nothing to do", and the run stays as it was."""
+    assert train_run(tmp_path, "one", "train.max_steps=1") == 0
+    folder = tmp_path / "digits" / "one"
+    before = {f: (folder / f).read_bytes() for f in ("summary.json", "metrics.jsonl")}
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match=r"another request \(optim.lr 0.1 -> 0.3\)"):
+        train_run(tmp_path, "one", "train.max_steps=1", "optim.lr=0.3")
+    assert "nothing to do" not in capsys.readouterr().err
+    assert {f: (folder / f).read_bytes() for f in before} == before
+    state = json.loads((folder / rundir.STATE_NAME).read_text())
+    assert state["state"] == "finished" and "optim.lr 0.1 -> 0.3" in state["refused"]["why"]
+    argv = ["digits", *QUIET, f"run.root={tmp_path}", "run.name=one", "train.max_steps=1"]
+    assert cli.main([*argv, "optim.lr=0.3", "--check", "1"]) == 2
+    assert "optim.lr 0.1 -> 0.3" in capsys.readouterr().err
+    assert cli.main([*argv, "log.every_steps=5", "--check", "1"]) == 0  # resume-safe
+
+
 def test_a_live_run_is_refused_before_anything_says_resuming(tmp_path, capsys):
     assert train_run(tmp_path, "live", "train.max_steps=2", "train.stop_at_step=1") == 0
     capsys.readouterr()
