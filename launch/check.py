@@ -74,6 +74,20 @@ def resolved_configs(reqs: list[LaunchRequest]) -> list[str]:
     return json.loads(stdout)
 
 
+def request_changes(pairs: list[tuple[LaunchRequest, str]]) -> list[list[str]]:
+    """For each (request, saved request file): the differences that make the request another
+    one than the file's, in one engine process (engine.resolved --compare)."""
+    if not pairs:
+        return []
+    given = [[render.engine_args(r), saved] for r, saved in pairs]
+    argv = [pairs[0][0].python, "-m", "engine.resolved", "--compare"]
+    code, stdout, stderr = run_check(argv, stdin=json.dumps(given))
+    if code != 0:
+        said = last_line(stderr) or f"exit code {code}"
+        raise UserError(f"{said} (a member's config, resolved; nothing was started)", code=2)
+    return json.loads(stdout)
+
+
 def slurm_support() -> ModuleType:
     """launch.slurm, whose submitit is needed only to submit or to print a submission."""
     try:

@@ -309,6 +309,7 @@ def cmd_submit(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]
     if not dry:
         slurm.require_sbatch()
         slurm.check_fits(req)  # before the engine's check: seconds sooner
+        watch.check_no_live_job(Path(req.src) / req.run_dir, req.run_name)
     config = check.engine_check(req, resolved=True)
     req = snapshot.freeze(req, config)  # the job reads this config alone
     if dry:

@@ -367,7 +367,7 @@ def submit(req: LaunchRequest, config: str) -> int:
         return ex.submit(engine_job(req))
 
     job = submitted(queue, Path(req.src) / req.run_dir)
-    watch.record_submission(Path(req.src) / req.run_dir, job)
+    watch.record_submission(Path(req.src) / req.run_dir, job, req.frozen)
     print(describe(job, req))
     return 0
 
@@ -397,5 +397,5 @@ def submit_array(
     # the sweep's folder and the members' run directories their frozen configs opened
     jobs = submitted(queue, folder.parent, *(Path(r.src) / r.run_dir for r in reqs))
     for r, job in zip(reqs, jobs, strict=True):  # make status and cancel find queued members
-        watch.record_submission(Path(r.src) / r.run_dir, job)
+        watch.record_submission(Path(r.src) / r.run_dir, job, r.frozen)
     return jobs

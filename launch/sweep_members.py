@@ -239,6 +239,33 @@ def write_manifest(folder: Path, record: Mapping[str, Any]) -> None:
     os.replace(part, folder / MANIFEST)
 
 
+def saved_request(planned: Planned) -> str:
+    """The request a member was trained or queued from: its run's config.yaml, else the
+    frozen file its submission reads; "" for a member never started nor queued."""
+    path = Path(planned.req.src) / planned.req.run_dir
+    if (path / "config.yaml").is_file():
+        return str(path / "config.yaml")
+    frozen = read_json(path / rundir.SUBMITTED_NAME, []) or {}
+    queued = Path(planned.req.src) / str(frozen.get("request") or "")
+    return str(queued) if frozen.get("request") and queued.is_file() else ""
+
+
+def check_members_unchanged(plan: Plan) -> None:
+    """A sweep's identity is its members' resolved requests, not the files they name: a
+    rerun that would train or pool a member from another request (a CONFIG file edited, a
+    recipe's default changed) is refused with the difference, before anything runs."""
+    pairs = [(p, saved) for p in plan.members if (saved := saved_request(p))]
+    found = check.request_changes([(p.req, saved) for p, saved in pairs])
+    for (planned, _), changes in zip(pairs, found, strict=True):
+        if changes:
+            raise UserError(
+                f"sweep {plan.name}: member {planned.req.run_name} was trained or queued from "
+                f"another request than this command gives ({', '.join(changes)}); its cell "
+                "would pool two requests: go back to those values, or give the new request a "
+                "new sweep name (run.name=...)"
+            )
+
+
 # ---------------------------------------------------------------- how members stand
 
 
@@ -520,6 +547,7 @@ def dry_run(plan: Plan) -> int:
     """What a launch would run now, checked as a launch checks it: a rerun's dry run leaves
     out what is finished or queued."""
     todo, _ = to_run(plan, load_manifest(plan).get("attempts") or {})
+    check_members_unchanged(plan)
     if todo:
         check_cells(plan, todo, data_here=False)
     for line in plan.req.warnings:  # after the checks: a warning never precedes an error
@@ -587,6 +615,7 @@ def launch_members(
     Returns the record and the signal that stopped a local sweep, if one did."""
     old = load_manifest(plan)
     todo, _ = to_run(plan, old.get("attempts") or {})
+    check_members_unchanged(plan)
     if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
         check_cells(plan, todo)
     said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"

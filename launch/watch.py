@@ -167,15 +167,40 @@ def job_order(job: str) -> tuple[int, int]:
     return int(array), int(task or -1)
 
 
-def record_submission(run: Path, job: Any) -> None:
+def record_submission(run: Path, job: Any, frozen: str = "") -> None:
     """SUBMITTED in the run directory, for a submitit job (an array task's id is
-    <array>_<task>)."""
+    <array>_<task>), with the frozen request it reads (launch.snapshot: the run's request
+    until it starts and saves config.yaml)."""
     facts = {"job": str(job.job_id), "stdout": str(job.paths.stdout),
              "stderr": str(job.paths.stderr), "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    if frozen:
+        facts["request"] = frozen
     run.mkdir(parents=True, exist_ok=True)
     part = run / f".{SUBMITTED}.part"
     part.write_text(json.dumps(facts) + "\n")
     os.replace(part, run / SUBMITTED)
+
+
+def live_job(run: Path, slurm: Slurm | None = None) -> str:
+    """The job recorded in the run directory while SLURM has it queued or running, as
+    `<id> (<state>)`; "" for none (or where SLURM cannot be asked)."""
+    job = str(read_json(run / SUBMITTED).get("job") or "")
+    info = (slurm or Slurm()).job(job) if JOB_ID.fullmatch(job) else None
+    state = (info or {}).get("JobState", "")
+    return f"{job} ({state})" if state and state not in ENDED else ""
+
+
+def check_no_live_job(run: Path, name: str) -> None:
+    """One name, one request: a submission under the name of a run whose job is still
+    queued or running is refused, naming the job (the second would train another request
+    in its place, or find its work done)."""
+    live = live_job(run)
+    if live:
+        raise UserError(
+            f"run.name={name} has a job queued or running, {live}; wait for it, stop it "
+            f"(make cancel RUN={run}), or give this request another run.name; nothing was "
+            "queued"
+        )
 
 
 def newest_job(run: Path, env: dict) -> str:

@@ -74,11 +74,11 @@ def digest(config: dict, also_safe: tuple[str, ...] = ()) -> str:
     return hashlib.sha256(dump_yaml(dict(sorted(kept.items()))).encode()).hexdigest()[:16]
 
 
-def saved_request(run_dir: Path) -> dict | None:
-    """The request the run in run_dir trained from (its config.yaml); None for none (never
-    started, or unreadable: then its checkpoints' own config decides at resume)."""
+def saved_request(path: Path) -> dict | None:
+    """A saved request: a run's config.yaml, or a submission's frozen file; None for none
+    (never started, or unreadable: then its checkpoints' own config decides at resume)."""
     try:
-        data = load_yaml((run_dir / SAVED_NAME).read_text())
+        data = load_yaml(path.read_text())
     except (OSError, UnicodeDecodeError, *YAML_FAILURES):
         return None
     return data if isinstance(data, dict) else None
@@ -90,7 +90,7 @@ def check_same_request(
     """Refuses, in one line, a request under `name` that is not the one the run in run_dir
     trained from. trained: whether the run there holds training (metrics or checkpoints);
     one that never trained may be started again with another request."""
-    saved = saved_request(run_dir) if trained else None
+    saved = saved_request(run_dir / SAVED_NAME) if trained else None
     if saved is None:
         return
     changes = request_changes(saved, current, also_safe)

@@ -40,6 +40,12 @@ def test_a_held_job_runs_and_resumes_the_code_submitted_not_the_checkout_s(slurm
     job = re.search(r"submitted job (\d+)", done.stdout)[1]
     slurm_cluster.submitted.append(job)
     assert slurm_cluster.state(job) == "PENDING"
+    # One name, one request: another request under the queued run's name is refused before
+    # anything is queued (it would have trained in the run's place, or found it done).
+    again = helpers.launch("submit", cwd=repo, GPUS="0", ARGS=f"{args} optim.lr=0.3")
+    assert again.returncode == 2, again.stderr
+    assert f"run.name=held has a job queued or running, {job} (PENDING)" in again.stderr
+    assert "submitted job" not in again.stdout
 
     for module in ("engine/train.py", "launch/slurm.py"):  # the checkout moves on meanwhile
         path = repo / module
