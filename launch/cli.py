@@ -54,7 +54,7 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import check, remote, render, request, snapshot, watch
+from launch import check, remote, render, request, snapshot, variables, watch
 from launch.analysis import compare, publish, report, reproduce, sweep
 from launch.errors import UserError, printable
 from launch.render import LaunchRequest
@@ -415,6 +415,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = parse_args(argv)
+        variables.check_make_variables(env)
         if remote.forwards(args, env):  # REMOTE=user@login: the same command there, over ssh
             return remote.main(args, argv, env)
         return HANDLERS[args.command](args, env, argv)

@@ -14,22 +14,14 @@ from pathlib import Path
 
 import torch
 
+from launch import variables
 from tests import warm
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["log.wandb=off", "log.progress=plain", "device=cpu"]
 # What launch reads from the environment (launch/cli.py's docstring) and make's own variables:
 # a launch test sets the ones it means and inherits none from the shell that runs it.
-REQUEST_VARS = frozenset(
-    (
-        "RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE SIF DRY_RUN SEEDS TARGET RDZV_ENDPOINT "
-        "RECIPES_DATA RECIPES_DIR RUNS SWEEP BASELINE PARALLEL ALLOW_CPU MAX_RESTARTS PARTITION ACCOUNT QOS TIME_MIN "
-        "CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S MAX_REQUEUES RUN FOLLOW MAKEFLAGS "
-        "MAKELEVEL MFLAGS REMOTE REMOTE_DIR REMOTE_PYTHON REMOTE_SSH TO MLFLOW_TRACKING_URI "
-        "DOCKER DOCKER_NETWORK BASE_IMAGE CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL "
-        "PIP_TRUSTED_HOST"
-    ).split()
-)
+REQUEST_VARS = variables.KNOWN | {"MAKEFLAGS", "MAKELEVEL", "MFLAGS"}
 
 
 def engine_env(**extra: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launch import variables
 from tests.helpers import REPO, launch_env
 
 MAKEFILE = (REPO / "Makefile").read_text()
@@ -61,3 +62,31 @@ def test_the_first_make_config_and_make_sbatch_print_the_artefact_alone(tmp_path
     sbatch = make("sbatch", *(f"{k}={v}" for k, v in fresh.items()), GPUS="0", ARGS=args)
     assert sbatch.returncode == 0, sbatch.stderr
     assert sbatch.stdout.startswith("#!/bin/bash\n") and "pip on stdout" in sbatch.stderr
+
+
+def test_every_request_variable_make_help_names_is_one_launch_knows():
+    """One list of request variables (launch.variables): make help names none it lacks."""
+    shown = set(re.findall(r"\b[A-Z][A-Z0-9_]{1,}\b", make("help").stdout))
+    words = {"TARGET", "VARIABLE", "README", "SLURM"}  # the screen's own words
+    assert shown - words and shown - words <= variables.KNOWN, sorted(shown - variables.KNOWN)
+
+
+@pytest.mark.parametrize(("given", "meant"), [("NODE=2", "NODES"), ("PARTITON=gpu", "PARTITION")])
+def test_a_misspelt_request_variable_given_to_make_is_refused_with_the_name_it_meant(given, meant):
+    done = subprocess.run(
+        ["make", "-s", "--no-print-directory", "dry-run", given, "ARGS=train.max_steps=1"],
+        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    name = given.split("=")[0]
+    (said,) = [line for line in done.stderr.splitlines() if line.startswith("launch:")]
+    assert said == (
+        f"launch: {name} is not a request variable; did you mean {meant}? (make help lists "
+        "them; nothing was started)"
+    )
+    assert done.stdout == ""
+
+
+def test_a_variable_close_to_none_of_ours_is_left_alone():
+    assert variables.given_to_make(" -- CC=clang ARGS=a\\ b=c NODE=2") == ["CC", "ARGS", "NODE"]
+    variables.check_make_variables({"MAKEFLAGS": "s -- CC=clang ARGS=x"})  # not ours: no error
