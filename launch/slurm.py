@@ -219,6 +219,12 @@ SLURM_HINTS = (
     (("invalid partition",), "check PARTITION; `sinfo -s` lists the partitions"),
     (("invalid account",), "check ACCOUNT; `sacctmgr show assoc user=$USER` lists yours"),
     (("invalid qos",), "check QOS; `sacctmgr show qos` lists them"),
+    (
+        ("job violates accounting/qos policy", "maxsubmitjob", "submit limit"),
+        "your QOS or association caps your jobs (how many queued at once, their size or time): "
+        "`squeue -u $USER` shows what counts, `sacctmgr show qos` the caps; wait for jobs to "
+        "end or ask for less",
+    ),
     (("time limit",), "lower TIME_MIN to the partition's limit; `sinfo -o '%P %l'` shows it"),
     (
         ("node configuration is not available", "more processors", "memory specification"),

@@ -167,6 +167,14 @@ def test_dry_run_of_a_sweep_is_the_array_a_submission_writes(fake_slurm_bin, tmp
             "some limit)",
             "lower TIME_MIN",
         ),
+        (  # SLURM's own words for a QOS's submit limit: not a partition's time limit
+            "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission "
+            "failed: Job violates accounting/QOS policy (job submit limit, user's size and/or "
+            "time limits)",
+            "Batch job submission failed: Job violates accounting/QOS policy (job submit limit, "
+            "user's size and/or time limits)",
+            "your QOS or association caps your jobs",
+        ),
         (
             "sbatch: error: Batch job submission failed: Invalid account or account/partition "
             "combination specified",
