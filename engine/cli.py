@@ -36,7 +36,7 @@ from engine import recipe as contract
 from engine import weights as home
 from engine.assemble import amp_dtype
 from engine.config import identity
-from engine.data.sampler import check_elastic
+from engine.data.sampler import check_batch_fits, check_elastic
 from engine.eval_only import score
 from engine.faults import RunError
 from engine.lifecycle import PeerFailure, train
@@ -274,13 +274,20 @@ def main(argv: list[str] | None = None) -> int:
             return make_shards(request, cfg, recipe)
         return run(request, cfg, recipe)
     except C.ConfigError as err:
+        LAST_ERROR[:] = [redact(one_line(err))]
         if is_rank_zero():
-            print(f"error: {redact(one_line(err))}", file=sys.stderr)  # all ranks fail alike
+            print(f"error: {LAST_ERROR[0]}", file=sys.stderr)  # all ranks fail alike
         return 2
     except RunError as err:
+        LAST_ERROR[:] = [redact(str(err))]
         if is_rank_zero() or isinstance(err, PeerFailure):
-            print(f"error: {redact(str(err))}", file=sys.stderr, flush=True)
+            print(f"error: {LAST_ERROR[0]}", file=sys.stderr, flush=True)
         return 1
+
+
+# The line main() last ended on, for a caller in the same process (a SLURM job's wrapper,
+# launch.slurm.EngineJob, raises with it: the job's result says why, not only an exit code).
+LAST_ERROR: list[str] = []
 
 
 def load(request: EngineRequest) -> tuple[C.Config, Recipe]:
@@ -323,6 +330,8 @@ def check_or_print(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int
         if note := wandb_missing_note(cfg.log):
             print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)
+        check_sample_count(cfg, recipe)
+        check_one_request(cfg, recipe)  # a start checks again, holding the run's lock
         if request.data_here and sources.wanted(cfg.model):
             sources.source_of(cfg.model)  # model.init_from or model.weights' cached file
     if request.print_config:
@@ -413,20 +422,19 @@ def preflight(
     if cfg.run.name:
         run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
-        check_one_request(cfg, run_dir, recipe)
     wandb_mode(cfg.log)
     tensorboard_check(cfg.log)
 
 
-def check_one_request(cfg: C.Config, run_dir: Path, recipe: Recipe | None) -> None:
+def check_one_request(cfg: C.Config, recipe: Recipe) -> None:
     """One run name, one request (engine.config.identity): a request that is not the one the
     run under its name trained from is refused, before anything is queued or started.
     run.overwrite moves that run aside instead."""
-    if cfg.run.overwrite:
+    if not cfg.run.name or cfg.run.overwrite:
         return
-    also_safe = recipe.resume_safe if recipe is not None else ()
+    run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
     trained = rundir.holds_a_run(run_dir)
-    identity.check_same_request(run_dir, cfg.run.name, cfg.to_dict(), also_safe, trained)
+    identity.check_same_request(run_dir, cfg.run.name, cfg.to_dict(), recipe.resume_safe, trained)
 
 
 def data_location(cfg: C.Config) -> str:
@@ -442,6 +450,16 @@ def check_data(cfg: C.Config, recipe: Recipe, here: bool) -> None:
     if recipe.check_data is None or not (here or (location and Path(location).exists())):
         return
     recipe.check_data(catalog.data_here(cfg))
+
+
+def check_sample_count(cfg: C.Config, recipe: Recipe) -> None:
+    """A global batch larger than the training set, refused by the check before the queue
+    where the recipe can count its samples without reading them (recipe.count_samples)."""
+    if recipe.count_samples is None:
+        return
+    samples = recipe.count_samples(catalog.data_here(cfg))
+    if samples is not None:
+        check_batch_fits(samples, cfg.train.batch_size)
 
 
 # ---------------------------------------------------------------- --help

@@ -86,6 +86,11 @@ class Recipe:
     # no file reads) and raises a one-line DataError naming what is missing: launch runs it
     # before starting or queueing anything. None: nothing to look at (packaged or generated).
     check_data: Callable[[Any], None] | None = None
+    # count_samples(data_config) gives the training set's size where it is known without
+    # reading the data (a file's size, a packaged set's count; None: this machine cannot see
+    # it): launch's check refuses a global batch larger than the set before the queue, where
+    # the sampler would refuse it only on the node. None: the recipe cannot count cheaply.
+    count_samples: Callable[[Any], int | None] | None = None
     # make_shards(data_config) packs the data at data.root into a few large files that
     # training reads instead (make shards; image recipes: engine.vision.shards), with progress,
     # and continues where a stopped run left off. None: the recipe's data has no shard form.

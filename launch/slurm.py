@@ -66,9 +66,10 @@ class EngineJob(submitit.helpers.Checkpointable):
         # getattr: a job pickled before jobs named their code, requeued after an update
         if (code := getattr(self, "code", "") or self.src) not in sys.path:
             sys.path.insert(0, code)
-        from engine.cli import main  # start-up time: the engine pulls torch; only the job needs it
+        from engine import cli  # start-up time: the engine pulls torch; only the job needs it
 
-        return self.finish(main([self.recipe, *self.args]))
+        rc = cli.main([self.recipe, *self.args])
+        return self.finish(rc, (getattr(cli, "LAST_ERROR", None) or [""])[-1])
 
     @staticmethod
     def _warned_of_the_time_limit() -> bool:
@@ -76,11 +77,11 @@ class EngineJob(submitit.helpers.Checkpointable):
         which ends the job, or from SLURM's own preemption, which requeues it by itself."""
         return "SIGUSR2" in preempt.received()
 
-    def finish(self, rc: int) -> int:
+    def finish(self, rc: int, said: str = "") -> int:
         if rc == 0:
             return 0
         if rc != PREEMPTED:
-            raise RuntimeError(f"engine.train exited with code {rc}; its log says why")
+            raise RuntimeError(f"engine.train exited with code {rc}: {said or 'its log says why'}")
         env = submitit.JobEnvironment()
         if env.global_rank == 0 and self._warned_of_the_time_limit():
             restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)

@@ -58,6 +58,7 @@ JOB_ID = re.compile(r"\d+(_\d+)?")  # a job, or an array's task: <array>_<task>
 SUBMITTED = rundir.SUBMITTED_NAME
 FROZEN_REQUEST = rundir.REQUEST_FOLDER  # launch.snapshot's folder of a run's frozen configs
 LAST_LINE_WIDTH = 100
+PREPARED_NOTE = "sbatch FILE submits it"
 TAIL_LINES = 20
 POLL_S = 0.5
 
@@ -305,8 +306,7 @@ def last_line(files: list[Path]) -> str:
     for _, path in sorted(dated, reverse=True):
         lines = [line for line in last_lines(path, TAIL_LINES) if not WRAPPER_LINE.match(line)]
         if lines:
-            text = printable(lines[-1].strip())
-            return text if len(text) <= LAST_LINE_WIDTH else text[: LAST_LINE_WIDTH - 3] + "..."
+            return clip(printable(lines[-1].strip()))
     return ""
 
 
@@ -331,7 +331,34 @@ def status_of(text: str, slurm: Slurm) -> Status:
     if info:
         status.nodes = info.get("NodeList", "") if info.get("NodeList") != "(null)" else ""
     decide(status, run, held, holder, state_file, summary, info, slurm)
+    if status.state in ("failed", "unknown", "prepared"):  # the engine's words, not a wrapper's
+        why = failure_line(state_file, log_files(run, job))
+        if why:  # a job SLURM has forgotten that failed (in a setup line, a check) too
+            status.state, status.last_line = "failed", clip(why)
+            status.notes = [n for n in status.notes if n != PREPARED_NOTE]
     return status
+
+
+def failure_line(state_file: dict, files: list[Path]) -> str:
+    """Why the run failed, in the engine's words: the failure state.json records, else the
+    last `error: ` line of its newest log (a refusal before the run directory was claimed,
+    a setup line that failed on a node)."""
+    if state_file.get("state") == "failed" and state_file.get("why"):
+        return printable(f"error: {state_file['why']}")
+    newest = max(files, key=modified, default=None)
+    errors = [ln for ln in last_lines(newest, 200) if ln.startswith("error: ")] if newest else []
+    return printable(errors[-1].strip()) if errors else ""
+
+
+def modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def clip(text: str) -> str:
+    return text if len(text) <= LAST_LINE_WIDTH else text[: LAST_LINE_WIDTH - 3] + "..."
 
 
 def decide(
@@ -366,7 +393,7 @@ def decide(
     status.state = ended_state(state_file, summary, asked, job_state)
     if status.state == "unknown" and (run / FROZEN_REQUEST).is_dir():
         status.state = "prepared"  # make sbatch's: frozen, but no job of it has started yet
-        status.notes.append("sbatch FILE submits it")
+        status.notes.append(PREPARED_NOTE)
     if status.state == "failed" and state_file.get("why"):
         status.notes.append(f"exit {state_file.get('exit_code')}")
     if isinstance(state_file.get("refused"), dict):  # a later launch, refused: it changed nothing

@@ -145,14 +145,20 @@ def _keys(index: list[int], epoch: int, base: int) -> Keys:
     return Keys(torch.tensor(index, dtype=torch.long), epoch, base)
 
 
+def check_batch_fits(samples: int, batch_size: int) -> None:
+    """A global batch needs that many training samples (one optimizer step draws them)."""
+    if samples < batch_size:
+        raise ConfigError(
+            f"the training set has {samples} samples, fewer than train.batch_size={batch_size}: "
+            "lower train.batch_size, or train on more data"
+        )
+
+
 class GlobalBatchSampler(torch.utils.data.Sampler):
     """Yields this rank's micro batches as Keys: (dataset index, sample seed, epoch) each."""
 
     def __init__(self, n: int, plan: BatchPlan, rank: int, seed: int):
-        if n < plan.global_batch:
-            raise ConfigError(
-                f"the training set has {n} samples, fewer than train.batch_size={plan.global_batch}"
-            )
+        check_batch_fits(n, plan.global_batch)
         self.n, self.plan, self.rank, self.seed = n, plan, rank, seed
         self.epoch, self.start = 0, 0
 

@@ -150,6 +150,20 @@ def check_data(cfg: DataConfig) -> None:
         )
 
 
+def count_samples(cfg: DataConfig) -> int | None:
+    """The training set's blocks, from the text's size alone (a byte is a token): what a
+    check before the queue compares with the batch. None where the file is not visible here
+    (a data.path only the compute nodes mount)."""
+    if cfg.path:
+        try:
+            size = Path(cfg.path).expanduser().stat().st_size
+        except OSError:
+            return None
+    else:
+        size = len(default_corpus())
+    return max(cut_at(size, cfg.eval_fraction) - 1, 0) // cfg.block_size
+
+
 def split(data: torch.Tensor, eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
     cut = cut_at(len(data), eval_fraction)
     return data[:cut], data[cut:]

@@ -1,7 +1,7 @@
 from engine.recipe import Recipe
 from engine.tasks import NextToken
 from recipes.gpt import parallel
-from recipes.gpt.data import DataConfig, build_datasets, check_data
+from recipes.gpt.data import DataConfig, build_datasets, check_data, count_samples
 from recipes.gpt.model import ModelConfig, blocks, build_model, flops_per_token, init_weights
 
 RECIPE = Recipe(
@@ -16,6 +16,7 @@ RECIPE = Recipe(
     flops_per_sample=lambda model, data: flops_per_token(model, data.block_size) * data.block_size,
     units_per_sample=lambda data: data.block_size,
     check_data=check_data,
+    count_samples=count_samples,
     parallelize=parallel.parallelize,
     check_tp=parallel.check,
 )

@@ -79,3 +79,25 @@ def test_a_recipe_that_reads_files_checks_them_and_passes_on_its_example(name, t
         recipe.check_data(cfg.data)  # nothing there yet
     recipe.example_data(tmp_path)
     recipe.check_data(cfg.data)
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_by_the_check_before_the_queue(check):
+    """gpt 124m on the built-in corpus: the check says what the sampler would say only on
+    the node (the count from the text's size, no read)."""
+    done = check("gpt", "--config", "124m")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: the training set has 409 samples, fewer than train.batch_size=512: lower "
+        "train.batch_size, or train on more data"
+    ]
+    assert check("gpt", "--config", "124m", "train.batch_size=384").returncode == 0
+
+
+@pytest.mark.parametrize("args", [[], ["data.block_size=100", "data.eval_fraction=0.3"]])
+def test_a_recipe_s_sample_count_is_its_training_set_s_length(args, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_bytes(bytes(range(256)) * 40)
+    for data in ([], [f"data.path={text}"]):
+        cfg, recipe = catalog.load_config("gpt", [*args, *data])
+        train, _ = recipe.build_datasets(cfg.data)
+        assert recipe.count_samples(cfg.data) == len(train)

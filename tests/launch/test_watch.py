@@ -239,3 +239,18 @@ def test_a_refused_resume_leaves_a_finished_run_finished_with_the_refusal_beside
     assert state["state"] == "finished" and state["refused"]["exit_code"] == 2, state
     found = rows(launch("status", RUNS=str(run)).stdout)[str(run)]
     assert found[:4] == ["finished (a later launch was refused, exit 2)", "-", found[2], "4/4"]
+
+
+def test_a_failed_job_shows_the_engine_s_line_even_after_slurm_forgot_it(tmp_path):
+    """A submitted job that failed (a check on the node, a setup line) and that SLURM no
+    longer knows: status says failed with the engine's own line, not the wrapper's
+    traceback, nor `prepared` for a frozen request no job will start."""
+    err = "error: the training set has 409 samples, fewer than train.batch_size=512: lower\n"
+    err += 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+    err += "RuntimeError: engine.train exited with code 2: the training set has 409 samples\n"
+    err += "srun: error: node1: task 0: Exited with exit code 1\n"
+    run = fake_run(tmp_path, "job", **{"slurm__9_0_log.err": err, "request__0123.yaml": "a: 1\n"})
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "squeue").exists())  # fmt: skip
+    found = rows(launch("status", RUNS=str(run), PATH=path).stdout)[str(run)]
+    assert found[:2] == ["failed", "9"]
+    assert found[-1] == err.splitlines()[0]
