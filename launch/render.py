@@ -458,16 +458,31 @@ def sif_build(req: LaunchRequest) -> list[str]:
     return ["apptainer", "build", "--force", req.sif, f"docker-daemon://{req.image}"]
 
 
-def guarded(setup: tuple[str, ...]) -> list[str]:
+def guarded(setup: tuple[str, ...], nodes: int = 1) -> list[str]:
     """slurm.setup's lines as a batch script runs them: each in the script's own shell (a
-    `module load` or `source` must stay in effect), and the first that fails ends the job,
-    its line and exit status in the job's log (make status shows it) instead of a job that
-    goes on without its modules and "finishes"."""
-    return [
-        f'{{ {line}\n}} || {{ echo {shlex.quote(f"setup line failed: {line}")} "(exit $?)" >&2; '
-        "exit 1; }"
-        for line in setup
-    ]
+    `module load` or `source` must stay in effect: srun hands that environment to every
+    rank), and the first that fails ends the job, its number, node and exit status in the
+    job's log as an `error:` line (make status shows it) instead of a job that goes on
+    without its modules and "finishes". A job of several nodes runs them once more on each
+    node, in a step of their own before any rank starts: a line that fails on one node (a
+    module or a local disk missing there) ends the job there too, not a rank later."""
+    lines = [_guard(i, line) for i, line in enumerate(setup, 1)]
+    if setup and nodes > 1:
+        script = "\n".join(lines)
+        step = [
+            "srun",
+            "--nodes=$SLURM_JOB_NUM_NODES",
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1",
+        ]
+        lines.append(f"{' '.join(step)} bash -c {shlex.quote(script)} || exit 1")
+    return lines
+
+
+def _guard(number: int, line: str) -> str:
+    said = shlex.quote(f"error: setup line {number} failed on ")
+    node = '"${SLURMD_NODENAME:-$(hostname)} (exit $rc): "'
+    return f"{{ {line}\n}} || {{ rc=$?; echo {said}{node}{shlex.quote(line)} >&2; exit 1; }}"
 
 
 def slurm_log_dir(req: LaunchRequest) -> str:
@@ -509,7 +524,7 @@ def sbatch_script(req: LaunchRequest) -> str:
         f"# Submit: mkdir -p {shlex.quote(_one_line('log dir', _host(req, logs)))} && sbatch FILE",
         *(_directive(k, v) for k, v in directives.items() if v is not None),
         "",
-        *guarded(s.setup),
+        *guarded(s.setup, req.most_nodes),
         *job_exports(req),
     ]
     if s.cpus_per_task:  # srun does not inherit --cpus-per-task from sbatch (Slurm >= 22.05)

@@ -119,7 +119,7 @@ def requeue(job_id: str) -> None:
 
 
 def setup_lines(req: LaunchRequest) -> list[str]:
-    lines = [*render.guarded(req.slurm.setup), *render.job_exports(req)]
+    lines = [*render.guarded(req.slurm.setup, req.most_nodes), *render.job_exports(req)]
     if req.slurm.cpus_per_task:  # srun does not inherit --cpus-per-task (Slurm >= 22.05)
         lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"')
     return lines

@@ -282,14 +282,28 @@ def last_line(path: Path | None) -> str | None:
 
 
 def live_jobs(attempts: Mapping[str, Mapping]) -> set[str] | None:
-    """The recorded SLURM array tasks still queued or running; None where squeue cannot say
-    (not on PATH here, or no controller answers)."""
+    """The recorded SLURM array tasks still queued or running (held ones too: they are
+    still in the queue; held_jobs names them); None where squeue cannot say (not on PATH
+    here, or no controller answers)."""
+    found = queue_states(attempts)
+    return None if found is None else set(found)
+
+
+def held_jobs(attempts: Mapping[str, Mapping]) -> set[str]:
+    """The recorded tasks that wait for a person: `scontrol release` starts them again."""
+    found = queue_states(attempts) or {}
+    return {job for job, (state, reason) in found.items() if watch.is_held(state, reason)}
+
+
+def queue_states(attempts: Mapping[str, Mapping]) -> dict[str, tuple[str, str]] | None:
+    """{task: (state, reason)} of the recorded tasks squeue lists as live; None where squeue
+    cannot say."""
     arrays = sorted({a["job"].split("_")[0] for a in attempts.values() if a.get("job")})
     if not arrays:
-        return set()
+        return {}
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(arrays)],
+            ["squeue", "-h", "-r", "-o", "%i %T %r", "-j", ",".join(arrays)],
             capture_output=True,
             text=True,
             timeout=30,
@@ -298,23 +312,32 @@ def live_jobs(attempts: Mapping[str, Mapping]) -> set[str] | None:
         return None
     if out.returncode != 0 and "invalid job id" not in out.stderr.lower():
         return None  # (an array SLURM has forgotten is an invalid id: none of it is live)
-    pairs = (line.split() for line in out.stdout.splitlines())
-    return {p[0] for p in pairs if len(p) == 2 and p[1] in LIVE_STATES}
+    rows = (line.split(maxsplit=2) for line in out.stdout.splitlines())
+    return {
+        r[0]: (r[1], r[2] if len(r) > 2 else "")
+        for r in rows
+        if len(r) >= 2 and r[1] in LIVE_STATES
+    }
 
 
-def stand(planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str] | None) -> Member:
+def stand(
+    planned: Planned, src: Path, attempt: Mapping[str, Any], live: set[str] | None, held=frozenset()
+) -> Member:
     path = src / planned.req.run_dir
     member = Member(planned.req.run_name, planned.seed, path)
     summary = read_json(path / "summary.json", [])
     log = Path(attempt["log"]) if attempt.get("log") else None
     if summary is not None:
         member.status, member.summary = FINISHED, summary
+    elif attempt.get("job") and attempt["job"] in held:
+        member.status, member.last_line = "held", f"held: scontrol release {attempt['job']}"
     elif attempt.get("job") and live is not None and attempt["job"] in live:
         member.status = "queued"
     elif attempt.get("job") and live is None:  # not known to have failed
         member.status, member.last_line = "unfinished", "squeue cannot say whether it is queued"
-    elif failed(attempt, path):
-        member.status, member.last_line = "failed", last_line(log) or attempt.get("said")
+    elif failed(attempt, path, log):
+        said = watch.failure_line({}, [log] if log else [])  # the engine's or a setup line's
+        member.status, member.last_line = "failed", said or last_line(log) or attempt.get("said")
     elif started(path):
         member.status, member.last_line = "unfinished", last_line(log)
     return member
@@ -326,18 +349,22 @@ def started(path: Path) -> bool:
     return any((path / name).exists() for name in ("config.yaml", rundir.STATE_NAME))
 
 
-def failed(attempt: Mapping[str, Any], path: Path) -> bool:
+def failed(attempt: Mapping[str, Any], path: Path, log: Path | None = None) -> bool:
     """Its last attempt exited non-zero, not because it was stopped (a signal, preemption), or
-    its SLURM task left the queue without finishing it."""
+    its SLURM task left the queue without finishing it, after the engine started or with an
+    error line (a setup line that failed before it could)."""
     if attempt.get("stopped") or attempt.get("exit") == render.PREEMPTED:
         return False
-    return attempt.get("exit") not in (None, 0) or bool(attempt.get("job") and started(path))
+    if attempt.get("exit") not in (None, 0):
+        return True
+    ended = started(path) or bool(log and watch.failure_line({}, [log]))
+    return bool(attempt.get("job") and ended)
 
 
 def standing(plan: Plan, attempts: Mapping[str, Mapping]) -> list[Member]:
-    live = live_jobs(attempts)
+    live, held = live_jobs(attempts), held_jobs(attempts)
     src = Path(plan.req.src)
-    return [stand(p, src, attempts.get(p.req.run_name, {}), live) for p in plan.members]
+    return [stand(p, src, attempts.get(p.req.run_name, {}), live, held) for p in plan.members]
 
 
 # ---------------------------------------------------------------- running members here
@@ -451,20 +478,22 @@ def run_slurm(
     write_manifest(plan.folder, record)
     if not wait:
         return
-    wait_for_array(plan, reqs, jobs)
+    held = wait_for_array(plan, reqs, jobs)
     deadline = time.monotonic() + RESULT_GRACE_S  # a slow shared filesystem shows them late
     for r, job in zip(reqs, jobs, strict=True):
-        record["attempts"][r.run_name] |= task_outcome(plan, r.run_name, job, deadline)
+        if job.job_id not in held:  # still in the queue, waiting for a person
+            record["attempts"][r.run_name] |= task_outcome(plan, r.run_name, job, deadline)
     write_manifest(plan.folder, record)
 
 
-def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> None:
-    """Until no task of the array is queued or running, asked of squeue, which needs no
+def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> set[str]:
+    """Until no task of the array is queued or running (a held one is said and left: it
+    waits for `scontrol release`), asked of squeue, which needs no
     accounting database. submitit's own wait asks sacct: without slurmdbd it warns at every
     poll, and a task that ended without a result file (stopped, preempted for good) keeps
     it waiting for ever. Where squeue cannot answer, a warning once, and it asks again."""
     waiting = {job.job_id: r.run_name for r, job in zip(reqs, jobs, strict=True)}
-    warned = False
+    warned, held = False, set()
     while waiting:
         live = live_jobs({name: {"job": job} for job, name in waiting.items()})
         if live is None and not warned:
@@ -474,8 +503,13 @@ def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> No
             warned = True
         if live is not None:
             waiting = {job: name for job, name in waiting.items() if job in live}
+        for job in held_jobs({name: {"job": job} for job, name in waiting.items()}):
+            held.add(job)
+            print(f"launch: sweep {plan.name}: member {waiting.pop(job)} (job {job}) is held: "
+                  f"scontrol release {job} starts it again", file=sys.stderr, flush=True)  # fmt: skip
         if waiting:
             time.sleep(WAIT_POLL_S)
+    return held
 
 
 def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, Any]:
@@ -486,6 +520,8 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     result = job.paths.result_pickle
     while not result.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
+    if not result.exists() and (said := watch.failure_line({}, [Path(job.paths.stderr)])):
+        return {"exit": 1, "said": said}  # before the engine could say (a setup line)
     if not result.exists():
         ended = job_end(job.job_id)
         print(f"launch: sweep {plan.name}: member {name} (job {job.job_id}) ended without "
@@ -523,11 +559,14 @@ def outcome(plan: Plan, found: list[Member]) -> int:
     if not left:
         return 0
     counts = {
-        s: sum(m.status == s for m in left) for s in ("failed", "unfinished", "queued", "missing")
+        s: sum(m.status == s for m in left)
+        for s in ("failed", "held", "unfinished", "queued", "missing")
     }
     said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    failure = next((m for m in left if m.status in ("failed", "held") and m.last_line), None)
+    why = f"; {failure.name}: {failure.last_line}; fix that, then" if failure else ";"
     print(f"launch: sweep {plan.name}: {len(found) - len(left)} of {len(found)} members finished "
-          f"({said}); {plan.rerun} to run the rest", file=sys.stderr)  # fmt: skip
+          f"({said}){why} {plan.rerun} to run the rest", file=sys.stderr)  # fmt: skip
     return 1
 
 
@@ -538,7 +577,9 @@ def to_run(plan: Plan, attempts: Mapping[str, Mapping]) -> tuple[list[Planned], 
     """(the members a launch runs now: neither finished nor queued, how every member stands)."""
     found = standing(plan, attempts)
     todo = [
-        p for p, m in zip(plan.members, found, strict=True) if m.status not in (FINISHED, "queued")
+        p
+        for p, m in zip(plan.members, found, strict=True)
+        if m.status not in (FINISHED, "queued", "held")
     ]
     return todo, found
 
@@ -614,11 +655,15 @@ def launch_members(
     or submitted as one job array (wait: until it ends), each attempt recorded in sweep.json.
     Returns the record and the signal that stopped a local sweep, if one did."""
     old = load_manifest(plan)
-    todo, _ = to_run(plan, old.get("attempts") or {})
+    todo, found = to_run(plan, old.get("attempts") or {})
     check_members_unchanged(plan)
     if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
         check_cells(plan, todo)
-    said = f"{len(plan.members) - len(todo)} of {len(plan.members)} members finished or queued"
+    held = sum(m.status == "held" for m in found)
+    said = (
+        f"{len(plan.members) - len(todo) - held} of {len(plan.members)} members finished or queued"
+    )
+    said += f", {held} held" if held else ""
     print(f"sweep {plan.name}: {said}; {len(todo)} to run", file=sys.stderr, flush=True)
     record = save_manifest(plan, old, env, argv)
     stopped = None

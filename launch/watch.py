@@ -37,7 +37,7 @@ from engine import rundir
 from launch import runs
 from launch.errors import UserError, printable
 
-LIVE = ("queued", "running", "requeued")
+LIVE = ("queued", "running", "requeued", "held")
 # JobState values slurmctld reports (Slurm 22.05): waiting, and ended for good.
 PENDING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD")
 ENDED = {
@@ -380,6 +380,10 @@ def decide(
         status.notes += ["stop requested"] if asked else []
         return
     job_state = (info or {}).get("JobState", "")
+    if is_held(job_state, (info or {}).get("Reason", "")):  # waits for a person, not SLURM
+        status.state = "held"
+        status.notes.append(f"{info.get('Reason')}: scontrol release {status.job}")
+        return
     if job_state in PENDING:
         requeued = int((info or {}).get("Restarts", "0") or 0) > 0 or job_state != "PENDING"
         status.state = "requeued" if requeued else "queued"
@@ -402,6 +406,12 @@ def decide(
         )
     if status.state == "unknown" and status.job and slurm.problem:
         status.notes.append("SLURM not reachable")
+
+
+def is_held(job_state: str, reason: str) -> bool:
+    """A pending job that will never start by itself (held by hand, by an administrator, or
+    by SLURM after a requeue that failed to launch: launch_failed_requeued_held)."""
+    return job_state in PENDING and (job_state == "REQUEUE_HOLD" or "held" in reason.lower())
 
 
 def ended_state(state_file: dict, summary: dict, asked: bool, job_state: str) -> str:

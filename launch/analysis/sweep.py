@@ -106,7 +106,8 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
             file=sys.stderr,
         )
         return 128 + stopped
-    if plan.slurm and args.no_wait and any(m.status == "queued" or not m.finished for m in found):
+    waiting = any(m.status == "queued" or not m.finished for m in found)
+    if plan.slurm and args.no_wait and waiting and not any(m.status == "held" for m in found):
         print(f"when they finish: python -m launch sweep --recipe {plan.req.recipe} --report {plan.name}",
               file=sys.stderr)  # fmt: skip
         return 0

@@ -284,7 +284,8 @@ def test_a_failed_member_is_listed_with_its_last_line_and_a_rerun_runs_only_it(c
     done = launch_sweep(checkout, SEEDS="2", ARGS=GRID, FAIL_RUN=failing)
     assert done.returncode == 1 and len(ran(done)) == 8  # the others still ran
     assert done.stderr.splitlines()[-1] == (
-        "launch: sweep g: 7 of 8 members finished (1 failed); rerun the same command to run the rest"
+        f"launch: sweep g: 7 of 8 members finished (1 failed); {failing}: RuntimeError: planted "
+        f"failure in {failing}; fix that, then rerun the same command to run the rest"
     )
     row = next(line for line in done.stdout.splitlines() if line.startswith(f"| {failing} |"))
     assert f"| failed | – | – | RuntimeError: planted failure in {failing} |" in row

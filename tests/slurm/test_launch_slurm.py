@@ -307,15 +307,19 @@ def test_a_request_larger_than_the_partition_is_refused_with_its_limits(
 
 
 def test_a_failing_setup_line_fails_the_job_and_make_status_names_it(slurm_cluster, tmp_path):
-    """slurm.setup runs as `set -e` would: a `module load` that is not there ends the job
-    FAILED before srun, and make status shows the line, not a job that "finished"."""
+    """slurm.setup runs as `set -e` would, on every node of the job before any rank starts:
+    a line that fails on the second node only (a module or a disk missing there) ends the
+    job FAILED before training, and make status names the line and the node, not a job
+    that "finished" nor the wrapper's report."""
     asked = tmp_path / "site.yaml"
-    asked.write_text("recipe: digits\nslurm:\n  setup: ['true', 'no-such-module load cuda']\n")
-    job, _ = submit(slurm_cluster, f"run.root={tmp_path} run.name=nosetup", CONFIG=str(asked))
+    line = 'test "$SLURMD_NODENAME" != node2'
+    asked.write_text(f"recipe: digits\nslurm:\n  setup: ['true', '{line}']\n")
+    args = f"run.root={tmp_path} run.name=nosetup"
+    job, _ = submit(slurm_cluster, args, CONFIG=str(asked), NODES="2", GPUS="0")
     assert slurm_cluster.wait(job, timeout=120).state == "FAILED"
     run = tmp_path / "digits" / "nosetup"
     status = launch("status", RUNS=str(run))
     row = re.split(r"\s{2,}", status.stdout.strip().splitlines()[1])
     assert row[1:3] == ["failed", job], status.stdout
-    assert row[-1] == "setup line failed: no-such-module load cuda (exit 127)", status.stdout
+    assert row[-1] == f"error: setup line 2 failed on node2 (exit 1): {line}", status.stdout
     assert not (run / "config.yaml").exists()  # the engine never started

@@ -1,10 +1,14 @@
 """One run name, one request, on the real cluster: a sweep whose CONFIG file changed after its
 members were queued is not grown from the new file (its cells would pool two requests); the
-refusal names the keys and leaves sweep.json as it was."""
+refusal names the keys and leaves sweep.json as it was. A member that failed in a setup line,
+or that SLURM holds, is said as such, with what to do."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 from tests import helpers
 
@@ -44,3 +48,53 @@ def test_a_sweep_grown_after_its_config_file_changed_is_refused_with_the_differe
     assert "optim.lr 0.05 -> 0.4" in line and "train.epochs 2 -> 1" in line
     assert json.loads(manifest.read_text()) == record  # seeds: still 2, nothing submitted
     assert not (tmp_path / "digits" / "cfgmove-seed2").exists()
+
+
+def test_a_member_that_failed_in_a_setup_line_is_failed_with_that_line(slurm_cluster, tmp_path):
+    """Not `missing` with a rerun that fails again: the report, its last line and make
+    status say which setup line failed where."""
+    asked = tmp_path / "site.yaml"
+    asked.write_text("recipe: digits\nslurm:\n  setup: ['false']\n")
+    args = f"{QUIET} run.root={tmp_path} run.name=badsetup train.max_steps=2"
+    done = helpers.launch("sweep", "--slurm", SEEDS="1", GPUS="0", CONFIG=str(asked), ARGS=args,
+                          timeout=240)  # fmt: skip
+    manifest = json.loads((tmp_path / "digits" / "badsetup-sweep" / "sweep.json").read_text())
+    slurm_cluster.submitted += [a["job"] for a in manifest["attempts"].values()]
+    assert done.returncode == 1, done.stderr
+    line = "error: setup line 1 failed on node1 (exit 1): false"
+    assert done.stderr.splitlines()[-1] == (
+        f"launch: sweep badsetup: 0 of 1 members finished (1 failed); badsetup-seed0: {line}; "
+        "fix that, then rerun the same command to run the rest"
+    )
+    member = tmp_path / "digits" / "badsetup-seed0"
+    row = helpers.launch("status", RUNS=str(member)).stdout.strip().splitlines()[1]
+    assert row.split()[1] == "failed" and row.endswith(line), row
+
+
+def test_a_held_task_is_said_with_its_release_and_the_waiting_sweep_ends(slurm_cluster, tmp_path):
+    """A task SLURM holds (after a requeue that failed to launch, or by hand) never starts by
+    itself: the waiting sweep ends on it with the command that releases it, and make status
+    and a rerun say so instead of `requeued` and "nothing to run"."""
+    block_both_nodes(slurm_cluster, tmp_path)
+    args = f"{QUIET} run.root={tmp_path} run.name=hold train.max_steps=2"
+    env = helpers.launch_env(GPUS="0", SEEDS="1", ARGS=args)
+    sweep = subprocess.Popen([sys.executable, "-m", "launch", "sweep", "--slurm"], cwd=helpers.REPO,
+                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        manifest = tmp_path / "digits" / "hold-sweep" / "sweep.json"
+        deadline = time.monotonic() + 120
+        while '"job"' not in (manifest.read_text() if manifest.exists() else ""):
+            assert time.monotonic() < deadline and sweep.poll() is None, sweep.stderr
+            time.sleep(0.2)
+        (job,) = [a["job"] for a in json.loads(manifest.read_text())["attempts"].values()]
+        slurm_cluster.submitted.append(job)
+        assert slurm_cluster.run("scontrol", "hold", job).returncode == 0
+        _, err = sweep.communicate(timeout=120)  # ends by itself
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert f"member hold-seed0 (job {job}) is held: scontrol release {job} starts it again" in err
+    row = helpers.launch("status", RUNS=str(tmp_path / "digits" / "hold-seed0")).stdout
+    assert f"held (JobHeldAdmin: scontrol release {job})" in row, row
+    again = helpers.launch("sweep", "--slurm", "--no-wait", timeout=120, **env)
+    assert f"(1 held); hold-seed0: held: scontrol release {job}; fix that" in again.stderr
