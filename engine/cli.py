@@ -434,7 +434,8 @@ def check_one_request(cfg: C.Config, recipe: Recipe) -> None:
         return
     run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
     trained = rundir.holds_a_run(run_dir)
-    identity.check_same_request(run_dir, cfg.run.name, cfg.to_dict(), recipe.resume_safe, trained)
+    current = redact(cfg.to_dict())  # as config.yaml holds it
+    identity.check_same_request(run_dir, cfg.run.name, current, recipe.resume_safe, trained)
 
 
 def data_location(cfg: C.Config) -> str:

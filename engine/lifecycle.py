@@ -104,7 +104,8 @@ def standing(cfg: C.Config, run_dir: Path, also_safe: tuple[str, ...]) -> tuple[
     try:
         if not cfg.run.overwrite:
             trained = rundir.holds_a_run(run_dir)
-            check_same_request(run_dir, cfg.run.name, cfg.to_dict(), also_safe, trained)
+            current = redact(cfg.to_dict())  # as config.yaml holds it
+            check_same_request(run_dir, cfg.run.name, current, also_safe, trained)
     except C.ConfigError as err:
         return str(err), None
     return "", finished_at(cfg, run_dir)

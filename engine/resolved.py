@@ -36,7 +36,8 @@ def changes(argv: list[str], saved_file: str) -> list[str]:
     saved = identity.saved_request(Path(saved_file))
     if saved is None:
         return []
-    return identity.request_changes(saved, cfg.to_dict(), recipe.resume_safe, identity.LENGTH_KEYS)
+    current = redact(cfg.to_dict())  # as the saved files hold it
+    return identity.request_changes(saved, current, recipe.resume_safe, identity.LENGTH_KEYS)
 
 
 def main() -> int:

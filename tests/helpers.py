@@ -268,7 +268,11 @@ def git_checkout(dest: Path) -> Path:
 # engine.resolved's stand-in in a fake checkout: each member's "config" is its argv.
 FAKE_RESOLVED = """\
 import json, sys
-json.dump(["# " + " ".join(argv) + "\\n" for argv in json.load(sys.stdin)], sys.stdout)
+given = json.load(sys.stdin)
+if "--compare" in sys.argv:  # a stand-in: every member is the request it was
+    json.dump([[] for _ in given], sys.stdout)
+else:
+    json.dump(["# " + " ".join(argv) + "\\n" for argv in given], sys.stdout)
 """
 
 

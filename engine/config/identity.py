@@ -16,7 +16,6 @@ from typing import Any
 
 from engine.config.fields import YAML_FAILURES, ConfigError, dump_yaml, load_yaml
 from engine.config.sections import resume_safe_keys
-from engine.redact import redact
 
 SAVED_NAME = "config.yaml"  # the run's resolved request, written by rank 0 at set-up
 # What a run may change and stay itself, but a sweep's cell may not: its members are pooled,
@@ -52,9 +51,9 @@ def config_changes(
 
 
 def as_saved(config: dict) -> dict:
-    """A config as its saved YAML reads back (tuples as lists, secrets redacted), so a
-    request compares equal to the config.yaml it would write."""
-    return load_yaml(dump_yaml(redact(config))) or {}
+    """A config as its saved YAML reads back (tuples as lists), so a request compares equal
+    to the config.yaml it would write (callers give it redacted, as that file is)."""
+    return load_yaml(dump_yaml(config)) or {}
 
 
 def request_changes(

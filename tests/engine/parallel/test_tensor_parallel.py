@@ -189,12 +189,15 @@ def test_check_refuses_heads_that_do_not_divide_before_any_process_starts(tmp_pa
     assert not list(tmp_path.iterdir())
 
 
-def test_the_1b_layout_renders_and_checks_on_a_login_node():
+def test_the_1b_layout_renders_and_checks_on_a_login_node(tmp_path):
     """make train RECIPE=gpt CONFIG=1b GPUS=8 ARGS=dist.tp=4 where no GPU is visible: the
     torchrun command of 8 processes and a frozen request that holds dist.tp=4; a tp that
-    does not divide the 8 processes is one line and starts nothing."""
+    does not divide the 8 processes is one line and starts nothing. (A corpus of its own:
+    the built-in one holds fewer samples than 1b's batch, which the check refuses.)"""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"0123456789abcdef" * 2**17)  # 2 MiB: 1b's batch of 1024-byte blocks
     login = {"CUDA_VISIBLE_DEVICES": "", "RECIPE": "gpt", "CONFIG": "1b", "GPUS": "8"}
-    out = launch("train", **login, ARGS="dist.tp=4", DRY_RUN="1", timeout=120)
+    out = launch("train", **login, ARGS=f"dist.tp=4 data.path={corpus}", DRY_RUN="1", timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--nproc_per_node=8" in out.stdout and "--resolved" in out.stdout, out.stdout
     assert "dist.tp=4" in out.stderr, out.stderr  # the note: what the request resolved from
