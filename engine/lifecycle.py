@@ -56,9 +56,9 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
         if done is not None:
             return 0
         run = setup(cfg, recipe, denv, device)
-        record_state(run, "running")
+        begin(run, started)
         reason = fit_watched(run, holds_dir=lock is not None)
-        return conclude(run, reason, time.perf_counter() - started)
+        return conclude(run, reason, run.progress.total_seconds())
     except BaseException as err:
         if lock is not None:  # rank 0, holding the run directory
             record_failure(run, rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name), err)
@@ -71,6 +71,13 @@ def train(cfg: C.Config, recipe: Recipe) -> int:
             rundir.release(lock)  # a run directory made for a refused launch goes too
         run = None  # the wrapped model holds the process group: dropped before it is destroyed
         D.shutdown()
+
+
+def begin(run: Run, started: float) -> None:
+    """The run set up: its time counts this whole start (from the process's), and state.json
+    says it is running."""
+    run.progress.started = started
+    record_state(run, "running")
 
 
 def lock_run_dir(

@@ -33,3 +33,16 @@ def headline(summary: dict[str, Any] | None, env: dict[str, Any] | None) -> tupl
         if isinstance(source.get("headline"), str):
             return source["headline"], bool(source.get("higher_is_better", True))
     return None
+
+
+# Metrics the training log writes as percentages (engine.tasks: `top1 98.89%`): every status
+# line, table and report shows them in that one unit.
+PERCENT = ("top1", "top5")
+
+
+def metric_text(key: str, value: float, signed: bool = False) -> str:
+    """A metric's value as the training log writes it: top-1 as 98.89%, a loss as 0.1234."""
+    sign = "+" if signed else ""
+    if key in PERCENT:
+        return f"{100 * value:{sign}.2f}%"
+    return f"{value:{sign}.4f}" if abs(value) < 100 else f"{value:{sign}.1f}"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import rundir
+from engine.results import metric_text
 from launch import runs
 from launch.errors import UserError, printable
 
@@ -256,9 +257,10 @@ def eval_text(summary: dict, env: dict, last_eval: dict | None) -> str:
     """The headline metric: summary.json's for a finished run, else the last evaluation's."""
     headline = runs.find_headline(summary or None, env, [last_eval] if last_eval else [])
     if summary and isinstance(summary.get(headline.key), int | float):
-        return f"{headline.key} {summary[headline.key]:.4g}"
+        return f"{headline.key} {metric_text(headline.key, summary[headline.key])}"
     if last_eval and isinstance(last_eval.get(headline.metric), int | float):
-        return f"{headline.key} {last_eval[headline.metric]:.4g} @{last_eval['step']}"
+        value = metric_text(headline.key, last_eval[headline.metric])
+        return f"{headline.key} {value} @{last_eval['step']}"
     return ""
 
 

@@ -21,6 +21,10 @@ class Progress(Part):
     epoch: int = saved(default=0)  # epochs completed
     step: int = saved(default=0)  # optimizer steps done
     position: int = saved(default=0)  # global samples consumed in the current epoch
+    # The run's seconds before this start, up to the checkpoint it resumes from: a run's time
+    # is the sum of its starts (a requeued run's summary is not its last start's alone).
+    seconds: float = saved(default=0.0)
+    started: float = transient(default_factory=time.perf_counter)  # this start's beginning
 
     def epoch_number(self) -> int:
         """The epoch in progress, or the one just completed when at its end, counted from 1:
@@ -34,7 +38,15 @@ class Progress(Part):
     def state_dict(self) -> dict[str, Any]:
         """A collective: every rank's RNG states, gathered to every rank (rank 0 writes them,
         or each rank the same meta beside its shards)."""
-        return super().state_dict() | {"rng": D.gather_objects(rng_state()), "time": time.time()}
+        return super().state_dict() | {
+            "rng": D.gather_objects(rng_state()),
+            "time": time.time(),
+            "seconds": self.total_seconds(),
+        }
+
+    def total_seconds(self) -> float:
+        """The run's seconds so far: its earlier starts' and this one's."""
+        return self.seconds + time.perf_counter() - self.started
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

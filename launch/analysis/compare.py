@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.results import PERCENT, metric_text
 from launch import grid, hardware, runs
 from launch.analysis import cells as C
 from launch.analysis import charts, report, stats
@@ -58,6 +59,24 @@ def interval(low: float | None, high: float | None, fmt=num) -> str:
     return "n/a" if low is None or high is None else f"[{fmt(low)}, {fmt(high)}]"
 
 
+def in_unit(key: str, signed: bool = False):
+    """The headline's numbers in the training log's unit (top-1 in percent)."""
+    return lambda v: "n/a" if v is None else metric_text(key, v, signed)
+
+
+def bounded(key: str, low: float | None, high: float | None) -> tuple[float | None, float | None]:
+    """An interval of a fraction (top-1) within [0, 1]: a spread wider than the scale is not a
+    value the metric can take."""
+    if key not in PERCENT or low is None or high is None:
+        return low, high
+    return max(low, 0.0), min(high, 1.0)
+
+
+def seconds_text(v: float | None) -> str:
+    """A time: never below zero (an interval's lower end clipped where the spread is wide)."""
+    return num(None if v is None else max(v, 0.0), 1)
+
+
 def counts_text(cell: Cell) -> str:
     return ", ".join(f"{n} {status}" for status, n in cell.counts().items()) or "none"
 
@@ -89,22 +108,25 @@ def cell_rows(ranked: list[Cell], rep: Report) -> list[str]:
         s, t = cell.summary(key), cell.summary("seconds")
         name = cell.name + (" (baseline)" if cell.baseline else "")
         settings = [str(cell.settings.get(k, runs.UNSET)) for k in rep.keys]
-        time = f"{num(t.mean, 1)} {interval(t.low, t.high, lambda v: num(v, 1))}"
+        time = f"{num(t.mean, 1)} {interval(t.low, t.high, seconds_text)}"
+        value = in_unit(key)
         row = [
             str(i),
             name,
             *settings,
             counts_text(cell),
-            num(s.mean),
-            num(s.std),
-            interval(s.low, s.high),
+            value(s.mean),
+            value(s.std),
+            interval(*bounded(key, s.low, s.high), value),
             time,
         ]
         lines.append("| " + " | ".join(escape(x) for x in row) + " |")
     return lines
 
 
-def comparison_rows(ranked: list[Cell], judged: Mapping[str, stats.Comparison]) -> list[str]:
+def comparison_rows(
+    ranked: list[Cell], judged: Mapping[str, stats.Comparison], key: str = ""
+) -> list[str]:
     head = ["cell", "difference", "95% CI", "t", "df", "p", "p (BH)", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * 6 + "---|"]
     for cell in ranked:
@@ -112,7 +134,7 @@ def comparison_rows(ranked: list[Cell], judged: Mapping[str, stats.Comparison]) 
             continue
         c = judged[cell.name]
         row = [
-            cell.name, signed(c.difference), interval(c.low, c.high, signed),
+            cell.name, in_unit(key, True)(c.difference), interval(c.low, c.high, in_unit(key, True)),
             num(c.t, 2), num(c.df, 1), stats.pvalue_text(c.p), stats.pvalue_text(c.p_adjusted),
             c.verdict,
         ]  # fmt: skip
@@ -131,7 +153,7 @@ def member_rows(cells: list[Cell], key: str) -> list[str]:
             value = summary.get(key)
             row = [
                 m.name, cell.name, "n/a" if m.seed is None else str(m.seed), m.status,
-                json.dumps(value) if C.is_number(value) else "–",
+                metric_text(key, value) if C.is_number(value) else "–",
                 num(summary.get("seconds"), 1) if C.is_number(summary.get("seconds")) else "–",
                 m.last_line or "",
             ]  # fmt: skip
@@ -179,7 +201,7 @@ def markdown(cells: list[Cell], rep: Report, chart: str | None) -> str:
             "",
             f"## Against the baseline ({base.name})",
             "",
-            *comparison_rows(ranked, judged),
+            *comparison_rows(ranked, judged, key),
         ]
     lines += ["", method_text(len(cells) - 1), "", "## Members", "", *member_rows(cells, key), ""]
     return "\n".join(lines)

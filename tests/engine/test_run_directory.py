@@ -138,3 +138,25 @@ def test_an_array_task_names_its_job_as_scancel_addresses_it_alone():
     assert rundir.slurm_job({"SLURM_JOB_ID": "24"}) == "24" and rundir.slurm_job({}) is None
     assert rundir.slurm_restarts({"SLURM_RESTART_COUNT": "2"}) == 2
     assert rundir.slurm_restarts({}) == 0
+
+
+def test_a_resumed_run_s_time_is_the_sum_of_its_starts(tmp_path):
+    """summary.json's seconds count every start up to its checkpoint, not the last start
+    alone (a requeued run's time per cell would read short)."""
+    import time
+
+    from engine import checkpoint as ckpt
+
+    t0 = time.perf_counter()
+    assert train_run(tmp_path, "twice", "train.max_steps=2", "train.stop_at_step=1") == 0
+    first = time.perf_counter() - t0
+    folder = tmp_path / "digits" / "twice"
+    (stopped,) = ckpt.list_checkpoints(folder / "checkpoints")
+    at_stop = ckpt.load(stopped)["seconds"]
+    t0 = time.perf_counter()
+    assert train_run(tmp_path, "twice", "train.max_steps=2") == 0
+    second = time.perf_counter() - t0
+    total = json.loads((folder / "summary.json").read_text())["seconds"]
+    assert 0 < at_stop <= first
+    assert at_stop < total <= first + second  # this start's time added to the first's
+    assert total - at_stop <= second

@@ -155,3 +155,16 @@ def test_a_pattern_leaves_out_the_folders_without_records_and_names_them(tmp_pat
     assert all((run / "summary.json").is_file() for run in done)
     code = cli.main(["compare", str(done[0]), str(queued.parent)], env={})
     assert code == 2 and capsys.readouterr().err.startswith("launch: ")
+
+
+def test_the_headline_is_in_the_log_s_unit_and_intervals_stay_where_values_can_be():
+    """top-1 in percent everywhere, as the training log says it; a time's or an accuracy's
+    interval never reaches values the quantity cannot take."""
+    from launch.analysis import compare
+
+    assert compare.in_unit("top1")(0.98889) == "98.89%"
+    assert compare.in_unit("top1", signed=True)(-0.004) == "-0.40%"
+    assert compare.in_unit("eval_loss")(0.12345) == "0.1235"
+    assert compare.interval(-9.0, 66.2, compare.seconds_text) == "[0.0, 66.2]"
+    assert compare.bounded("top1", -0.2, 1.3) == (0.0, 1.0)
+    assert compare.bounded("eval_loss", -0.2, 1.3) == (-0.2, 1.3)

@@ -250,7 +250,10 @@ def test_the_seed_sweep_report_embeds_its_chart_and_its_statistics_match_the_see
     assert top1["std"] == pytest.approx(statistics.stdev(values))
     assert top1["low"] < top1["mean"] < top1["high"]
     row = next(line for line in text.splitlines() if line.startswith("| 1 | sw (baseline) |"))
-    assert f"| 2 finished | {top1['mean']:.4f} | {top1['std']:.4f} |" in row
+    mean, std = 100 * top1["mean"], 100 * top1["std"]  # in percent, as the training log says
+    assert f"| 2 finished | {mean:.2f}% | {std:.2f}% |" in row
+    low, high = max(top1["low"], 0), min(top1["high"], 1)  # an accuracy stays in [0, 100] %
+    assert f"| [{100 * low:.2f}%, {100 * high:.2f}%] |" in row
 
 
 def test_a_language_model_is_reported_by_its_eval_loss(tmp_path, capsys, train_here):

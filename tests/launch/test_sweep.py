@@ -276,7 +276,7 @@ def test_a_local_grid_sweep_runs_each_member_once_seed_major_and_reports(swept):
     assert cell["top1"]["mean"] == pytest.approx(0.9 - 0.4 + 0.005)
     assert cell["vs_baseline"]["difference"] == pytest.approx(-0.4)
     assert cell["members"][0]["summary"]["group"] == "g"  # one W&B group per sweep
-    assert "| lr0.1-every_steps10 | +0.0000 |" in done.stdout
+    assert "| lr0.1-every_steps10 | +0.00% |" in done.stdout
 
 
 def test_a_failed_member_is_listed_with_its_last_line_and_a_rerun_runs_only_it(checkout):
@@ -289,7 +289,7 @@ def test_a_failed_member_is_listed_with_its_last_line_and_a_rerun_runs_only_it(c
     )
     row = next(line for line in done.stdout.splitlines() if line.startswith(f"| {failing} |"))
     assert f"| failed | – | – | RuntimeError: planted failure in {failing} |" in row
-    assert "| lr0.5-every_steps5 | 0.5 | 5 | 1 finished, 1 failed | 0.5100 |" in done.stdout
+    assert "| lr0.5-every_steps5 | 0.5 | 5 | 1 finished, 1 failed | 51.00% |" in done.stdout
     again = launch_sweep(checkout, SEEDS="2", ARGS=GRID)
     assert again.returncode == 0, again.stderr
     assert ran(again) == [failing]

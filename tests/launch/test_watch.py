@@ -120,7 +120,7 @@ def test_a_finished_and_a_failed_run_read_as_such(root):
     state, job, _, step, evaluation, last = found[done]
     assert (state, job, step) == ("finished", "-", "4/4")
     summary = json.loads((Path(done) / "summary.json").read_text())
-    assert evaluation == f"top1 {summary['top1']:.4g}"
+    assert evaluation == f"top1 {100 * summary['top1']:.2f}%"  # as the log says it
     assert last.startswith("digits: top1 ") and "4 steps" in last
     state, _, _, step, evaluation, last = found[broken]
     assert (state, step, evaluation) == ("failed (exit 1)", "3/40", "-")
@@ -177,7 +177,7 @@ def test_slurm_out_of_reach_is_one_line_and_the_folders_still_read(tmp_path):
         "launch: SLURM is not reachable (squeue is not on PATH); SLURM jobs' states below are "
         "read from their run folders alone\n"
     )
-    assert rows(out.stdout)[str(run)] == ["finished", "7", "-", "6/10", "top1 0.5", "last words"]
+    assert rows(out.stdout)[str(run)] == ["finished", "7", "-", "6/10", "top1 50.00%", "last words"]
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def test_status_tells_a_queued_a_running_a_finished_and_a_failed_job(jobs, slurm
     # just after an epoch ended (a race the test once lost), or submitit's
     assert last.startswith(("step ", "eval ")) or "submitit" in last, last
     summary = json.loads((jobs["done"][0] / "summary.json").read_text())
-    top1 = f"top1 {summary['top1']:.4g}"
+    top1 = f"top1 {100 * summary['top1']:.2f}%"
     assert found["done"][:5] == ["finished", jobs["done"][1], "node2", "4/4", top1]
     assert found["broken"][:4] == ["failed (exit 1)", jobs["broken"][1], found["broken"][2], "3/40"]
 
