@@ -454,6 +454,26 @@ def slurm_options(section) -> Slurm:
     return Slurm(**values)
 
 
+def request_warnings(asked: Asked, target: str, picked, gpus: int, slurm) -> tuple[str, ...]:
+    """What is said about a request that is still run: GPUs asked but not visible here, a
+    checkpoint warning as long as the job."""
+    if picked and target == "local":
+        return check_gpus_visible(picked[0], gpus, asked.command == "render" or asked.dry_run)
+    return signal_lead_note(slurm) if target in SLURM_TARGETS else ()
+
+
+def signal_lead_note(slurm) -> tuple[str, ...]:
+    """SLURM's warning comes slurm.signal_delay_s before the time limit: with a lead as long
+    as the job, it comes at once (or never), and the job is killed at its limit unwarned."""
+    if not slurm.time_min or slurm.signal_delay_s < slurm.time_min * 60:
+        return ()
+    return (
+        f"launch: warning: SIGNAL_DELAY_S={slurm.signal_delay_s} is not shorter than "
+        f"TIME_MIN={slurm.time_min} ({slurm.time_min * 60} s): the checkpoint warning would come "
+        "as the job starts; lower SIGNAL_DELAY_S or raise TIME_MIN",
+    )
+
+
 def agreed(label: str, given: int, key: str, user: tuple[str, ...]) -> None:
     """GPUS or NODES and the same key in ARGS must not ask for two different things."""
     said = override_value(user, key)
@@ -551,9 +571,7 @@ def resolve(asked: Asked, *, target: str) -> LaunchRequest:
     rdzv = rendezvous(asked, node_text, name, target)
     restarts = max_restarts(asked, target, node_text if most else None)
     image = container_image(asked, target)
-    warnings = ()
-    if picked and target == "local":
-        warnings = check_gpus_visible(picked[0], gpus, asked.command == "render" or asked.dry_run)
+    warnings = request_warnings(asked, target, picked, gpus, slurm)
     docker = container.docker_settings(asked.env, target)
     return LaunchRequest(
         recipe=recipe,

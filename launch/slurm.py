@@ -249,11 +249,12 @@ def slurm_error(message: str) -> str:
     return f"SLURM refused the job: {said}; {hint}; nothing was queued"
 
 
-def partition_nodes(partition: str | None) -> tuple[str, dict[str, tuple[int, int]]] | None:
-    """(the partition's name, {node: (CPUs, memory MB)}) as sinfo lists them (partition None:
-    the default one); None where sinfo cannot say (not here, no answer): nothing to check."""
+def partition_nodes(partition: str | None) -> tuple[str, dict[str, tuple[int, int, int]]] | None:
+    """(the partition's name, {node: (CPUs, memory MB, GPUs)}) as sinfo lists them (partition
+    None: the default one); None where sinfo cannot say (not here, no answer): nothing to
+    check."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %c %m"], capture_output=True,
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %c %m %G"], capture_output=True,
                              text=True, timeout=30)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
@@ -261,20 +262,30 @@ def partition_nodes(partition: str | None) -> tuple[str, dict[str, tuple[int, in
         return None
     name, nodes = partition or "", {}
     for line in out.stdout.splitlines():
-        node, part, cpus, mem = (line.split() + ["", "", "", ""])[:4]
+        node, part, cpus, mem, gres = (line.split() + ["", "", "", "", ""])[:5]
         wanted = part.rstrip("*") == partition if partition else part.endswith("*")
         if wanted and cpus.isdigit() and mem.isdigit():
-            name, nodes[node] = part.rstrip("*"), (int(cpus), int(mem))
+            name, nodes[node] = part.rstrip("*"), (int(cpus), int(mem), gpu_count(gres))
     return (name, nodes) if nodes else None
 
 
-LIMITS = "`sinfo -N -o '%N %P %c %m'` lists each node's partition, CPUs and memory (MB)"
+def gpu_count(gres: str) -> int:
+    """The GPUs a node's GRES lists (`gpu:8`, `gpu:h100:4(S:0-1),nvme:1`; `(null)`: none)."""
+    total = 0
+    for entry in gres.split(","):
+        fields = entry.split("(")[0].split(":")
+        if fields[0] == "gpu" and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+LIMITS = "`sinfo -N -o '%N %P %c %m %G'` lists each node's partition, CPUs, memory (MB) and GPUs"
 
 
 def check_fits(req: LaunchRequest) -> None:
-    """A request the partition can never satisfy (more nodes than it has, more CPUs or memory
-    than its largest node) is refused here, with its limits: SLURM would keep it queued for
-    ever, or refuse it with a message that misleads."""
+    """A request the partition can never satisfy (more nodes than it has, more CPUs, memory
+    or GPUs than its largest node) is refused here, with its limits: SLURM would keep it
+    queued for ever, or refuse it with a message that misleads."""
     found = partition_nodes(req.slurm.partition)
     if found is None:
         return
@@ -283,17 +294,30 @@ def check_fits(req: LaunchRequest) -> None:
         raise UserError(f"NODES={req.most_nodes} but partition {name} has {len(nodes)} "
                         f"node(s); ask for at most {len(nodes)}, or another PARTITION "
                         f"({LIMITS}); nothing was queued")  # fmt: skip
+    check_gpus_fit(req, name, max(g for *_, g in nodes.values()))
     cpus = (req.slurm.cpus_per_task or 1) * req.procs_per_node
-    most_cpus = max(c for c, _ in nodes.values())
+    most_cpus = max(c for c, *_ in nodes.values())
     if cpus > most_cpus:
         raise UserError(f"{req.procs_per_node} task(s) per node x CPUS_PER_TASK="
                         f"{req.slurm.cpus_per_task or 1} need {cpus} CPUs on a node, but the "
                         f"largest node of partition {name} has {most_cpus} ({LIMITS}); "
                         "nothing was queued")  # fmt: skip
-    most_mb = max(m for _, m in nodes.values())
+    most_mb = max(m for _, m, _ in nodes.values())
     if req.slurm.mem_gb and req.slurm.mem_gb * 1024 > most_mb:
         raise UserError(f"MEM_GB={req.slurm.mem_gb} but the largest node of partition {name} "
                         f"has {most_mb} MB of memory ({LIMITS}); nothing was queued")  # fmt: skip
+
+
+def check_gpus_fit(req: LaunchRequest, name: str, most_gpus: int) -> None:
+    if not req.gpus or req.gpus <= most_gpus:
+        return
+    if most_gpus == 0:
+        raise UserError(f"GPUS={req.gpus} but partition {name} has no GPUs (no node lists a "
+                        f"gpu GRES: {LIMITS}); ask for a PARTITION with GPUs, or run on CPUs "
+                        "with GPUS=0 ALLOW_CPU=1; nothing was queued")  # fmt: skip
+    raise UserError(f"GPUS={req.gpus} but the largest node of partition {name} has {most_gpus} "
+                    f"GPU(s); ask for at most {most_gpus} per node and more NODES ({LIMITS}); "
+                    "nothing was queued")  # fmt: skip
 
 
 class Undo:

@@ -266,6 +266,14 @@ def check_members_unchanged(plan: Plan) -> None:
             )
 
 
+def restore_manifest(folder: Path, old: Mapping[str, Any]) -> None:
+    """sweep.json as it was before a launch that queued nothing (none, for a new sweep)."""
+    if old:
+        write_manifest(folder, old)
+    else:
+        (folder / MANIFEST).unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------- how members stand
 
 
@@ -668,7 +676,11 @@ def launch_members(
     record = save_manifest(plan, old, env, argv)
     stopped = None
     if todo and plan.slurm:
-        run_slurm(plan, todo, record, group_environ(plan.name), wait=wait)
+        try:
+            run_slurm(plan, todo, record, group_environ(plan.name), wait=wait)
+        except UserError:  # nothing queued: the sweep stays as it was (seeds, attempts)
+            restore_manifest(plan.folder, old)
+            raise
     elif todo:
         stopped = run_local(plan, todo, record, group_environ(plan.name))
     return record, stopped

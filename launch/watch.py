@@ -397,15 +397,17 @@ def decide(
         status.state = "running"  # started, the engine not yet holding its run folder
         return
     status.state = ended_state(state_file, summary, asked, job_state)
+    if job_state == "TIMEOUT":  # SLURM's SIGTERM at the limit reads "preempted: SIGTERM"
+        status.notes.append(
+            f"time limit {(info or {}).get('TimeLimit', '')} reached: raise TIME_MIN"
+        )
     if status.state == "unknown" and (run / FROZEN_REQUEST).is_dir():
         status.state = "prepared"  # make sbatch's: frozen, but no job of it has started yet
         status.notes.append(PREPARED_NOTE)
     if status.state == "failed" and state_file.get("why"):
         status.notes.append(f"exit {state_file.get('exit_code')}")
-    if isinstance(state_file.get("refused"), dict):  # a later launch, refused: it changed nothing
-        status.notes.append(
-            f"a later launch was refused, exit {state_file['refused'].get('exit_code')}"
-        )
+    if isinstance(refused := state_file.get("refused"), dict):  # a later launch: changed nothing
+        status.notes.append(f"a later launch was refused, exit {refused.get('exit_code')}")
     if status.state == "unknown" and status.job and slurm.problem:
         status.notes.append("SLURM not reachable")
 

@@ -59,6 +59,7 @@ def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config(tmp_path
         ARGS=f"slurm.time_min=30 slurm.partition=p slurm.constraint=a100 run.root={tmp_path}",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert "SIGNAL_DELAY_S" not in done.stderr  # 120 s ahead of a 30-minute limit: fine
     script = done.stdout
     for directive in ("--time=30", "--partition=p", "--constraint=a100"):
         assert f"#SBATCH {directive}\n" in script
@@ -70,6 +71,24 @@ def test_slurm_keys_in_args_reach_the_batch_script_and_the_saved_config(tmp_path
     frozen = argv[argv.index("--resolved") + 1]  # the request as submitted, written read-only
     assert frozen.startswith(f"{tmp_path}/imagenet/") and "/request/" in frozen
     assert not Path(frozen).stat().st_mode & 0o222
+
+
+def test_a_checkpoint_warning_as_long_as_the_job_is_said_and_a_time_limit_named(tmp_path):
+    """SIGNAL_DELAY_S (120 s) not shorter than TIME_MIN=1: the warning would come as the job
+    starts; and a job SLURM ended at its limit says so in make status, not only SIGTERM."""
+    from launch import watch
+
+    done = launch("sbatch", GPUS="0", TIME_MIN="1", ARGS=f"run.root={tmp_path}", timeout=120)
+    assert done.returncode == 0 and "#SBATCH --time=1\n" in done.stdout, done.stderr
+    assert done.stderr.splitlines() == [
+        "launch: warning: SIGNAL_DELAY_S=120 is not shorter than TIME_MIN=1 (60 s): the "
+        "checkpoint warning would come as the job starts; lower SIGNAL_DELAY_S or raise TIME_MIN"
+    ]
+    status = watch.Status("r", "", "7")
+    state = {"state": "stopped", "why": "preempted: SIGTERM", "exit_code": 75}
+    info = {"JobState": "TIMEOUT", "TimeLimit": "00:01:00"}
+    watch.decide(status, tmp_path, False, {}, state, {}, info, watch.Slurm())
+    assert status.state == "stopped" and status.notes == ["time limit 00:01:00 reached: raise TIME_MIN"]
 
 
 @pytest.mark.slow

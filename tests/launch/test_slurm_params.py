@@ -57,7 +57,7 @@ def test_parameters_of_a_multi_node_gpu_job():
         "exclude": "bad1",
         "signal_delay_s": 300,
         "setup": [
-            *render.guarded(("module load cuda",)),
+            *render.guarded(("module load cuda",), nodes=2),  # and once more on each node
             "export TORCH_FR_BUFFER_SIZE=2000",  # NCCL's flight recorder, into the run's hang/
             "export TORCH_NCCL_DUMP_ON_TIMEOUT=1",
             "export TORCH_FR_DUMP_TEMP_FILE=runs/digits/RUN/hang/nccl_trace_rank_",
@@ -116,7 +116,8 @@ def test_submitit_renders_the_parameters_into_its_sbatch_script(fake_slurm_bin, 
         f"--chdir={tmp_path}", "--job-name=RUN",
     ):  # fmt: skip
         assert f"#SBATCH {line}\n" in script, line
-    assert "\n{ module load cuda\n} || { echo 'setup line failed: module load cuda'" in script
+    assert "\n{ module load cuda\n} || { rc=$?; echo 'error: setup line 1 failed on '" in script
+    assert "\nsrun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 " in script  # every node
     pickled = submitit_utils.DelayedSubmission.load(tmp_path / "slurm" / "4242_submitted.pkl")
     assert isinstance(pickled.function, slurm.EngineJob)
     assert pickled.function.args == render.engine_args(r)[1:]

@@ -287,11 +287,12 @@ def test_an_unknown_partition_is_one_line_and_leaves_nothing(slurm_cluster, tmp_
     ("env", "said"),
     [
         ({"NODES": "3"}, "NODES=3 but partition debug has 2 node(s); ask for at most 2"),
+        ({"GPUS": "1"}, "GPUS=1 but partition debug has no GPUs (no node lists a gpu GRES"),
         ({"CPUS_PER_TASK": "3"}, "need 3 CPUs on a node, but the largest node of partition debug has 2"),
         ({"MEM_GB": "1000"}, "MEM_GB=1000 but the largest node of partition debug has 4096 MB"),
         ({"NODES": "1:3", "PARTITION": "debug"}, "NODES=3 but partition debug has 2 node(s)"),
     ],
-    ids=["nodes", "cpus", "memory", "node range"],
+    ids=["nodes", "gpus", "cpus", "memory", "node range"],
 )  # fmt: skip
 def test_a_request_larger_than_the_partition_is_refused_with_its_limits(
     slurm_cluster, tmp_path, env, said

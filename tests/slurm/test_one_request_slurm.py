@@ -98,3 +98,13 @@ def test_a_held_task_is_said_with_its_release_and_the_waiting_sweep_ends(slurm_c
     assert f"held (JobHeldAdmin: scontrol release {job})" in row, row
     again = helpers.launch("sweep", "--slurm", "--no-wait", timeout=120, **env)
     assert f"(1 held); hold-seed0: held: scontrol release {job}; fix that" in again.stderr
+
+
+def test_a_sweep_slurm_refuses_leaves_no_record_of_it(slurm_cluster, tmp_path):
+    """A launch that queued nothing leaves the sweep as it was: here, no sweep at all."""
+    args = f"{QUIET} run.root={tmp_path} run.name=nopart train.max_steps=2"
+    done = helpers.launch("sweep", "--slurm", "--no-wait", SEEDS="1", GPUS="0", ARGS=args,
+                          PARTITION="no-such-partition", timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "SLURM refused the job: " in done.stderr and "nothing was queued" in done.stderr
+    assert not (tmp_path / "digits" / "nopart-sweep").exists()
