@@ -7,6 +7,7 @@ line, and the records a process leaves: state.json, a failure's line and summary
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -158,8 +159,8 @@ def fit_or_explain(run: Run) -> str | None:
         intact = f"{newest[0].name} is intact" if newest else "no checkpoint was saved"
         raise RunError(
             f"could not write {err.filename or 'in the run directory'}: {err.strerror or err}; "
-            f"{intact}. Free space or fix permissions, then rerun with "
-            f"run.name={run.cfg.run.name} to resume"
+            f"{intact}. Free space or fix permissions, then {resume_hint(run.cfg.run.name)} to "
+            "resume"
         ) from None
     except torch.OutOfMemoryError:
         raise out_of_memory(run) from None
@@ -175,7 +176,7 @@ def fit_or_explain(run: Run) -> str | None:
         raise PeerFailure(
             f"rank {run.denv.rank}: {what} after step {run.progress.step} (in a collective: "
             "gradients, metrics, checkpoint or evaluation); a rank hung or died, see the "
-            f"first failing rank's log. Rerun with run.name={run.cfg.run.name} to resume"
+            f"first failing rank's log; {resume_hint(run.cfg.run.name)} to resume"
         ) from None
 
 
@@ -206,6 +207,19 @@ def conclude(run: Run, reason: str | None, seconds: float) -> int:
     code = preempt.EXIT_PREEMPTED if reason == "preempted" else 0
     record_state(run, "stopped" if reason else "finished", code, reason or "")
     return code
+
+
+# Set by `make sweep` for its members (launch.sweep_members): a member goes on when its sweep
+# is rerun, which runs what is left, not by a launch of its own name.
+SWEEP_VARIABLE = "RECIPES_SWEEP"
+
+
+def resume_hint(name: str) -> str:
+    """How to go on with this run: rerun its sweep, or launch its name again."""
+    sweep = os.environ.get(SWEEP_VARIABLE)
+    if sweep:
+        return f"rerun sweep {sweep} (the same make sweep command; it runs what is left)"
+    return f"rerun with run.name={name}"
 
 
 def record_state(run: Run, state: str, exit_code: int | None = None, why: str = "") -> None:
@@ -275,8 +289,8 @@ def finish(run: Run, reason: str | None, seconds: float) -> None:
         cause = ", ".join(preempt.received()) or "a signal to another rank"
         why = f"{reason}: {cause}" if reason == "preempted" else reason
         log(
-            f"stopped at step {st.step} ({why}); checkpoint saved. Resume: rerun with "
-            f"run.name={run.cfg.run.name}"
+            f"stopped at step {st.step} ({why}); checkpoint saved. Resume: "
+            f"{resume_hint(run.cfg.run.name)}"
         )
         return
     ev, task = run.records.last_eval, run.task

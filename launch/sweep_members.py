@@ -652,8 +652,9 @@ class SweepLock:
 
 
 def group_environ(name: str) -> dict[str, str]:
-    """The members share one W&B group, the sweep's name, unless WANDB_RUN_GROUP is set."""
-    return {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP") or name}
+    """The members share one W&B group, the sweep's name, unless WANDB_RUN_GROUP is set; each
+    knows its sweep (a stopped member's hint is to rerun the sweep: engine.lifecycle)."""
+    return {"WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP") or name, "RECIPES_SWEEP": name}
 
 
 def launch_members(

@@ -160,3 +160,13 @@ def test_a_resumed_run_s_time_is_the_sum_of_its_starts(tmp_path):
     assert 0 < at_stop <= first
     assert at_stop < total <= first + second  # this start's time added to the first's
     assert total - at_stop <= second
+
+
+def test_a_stopped_sweep_member_is_told_to_rerun_its_sweep(tmp_path, capsys, monkeypatch):
+    """Not its own run.name: that would train the member outside its sweep's record."""
+    assert train_run(tmp_path, "alone", "train.max_steps=2", "train.stop_at_step=1") == 0
+    assert "Resume: rerun with run.name=alone" in capsys.readouterr().err
+    monkeypatch.setenv(lifecycle.SWEEP_VARIABLE, "lr")
+    assert train_run(tmp_path, "lr-seed0", "train.max_steps=2", "train.stop_at_step=1") == 0
+    err = capsys.readouterr().err
+    assert "Resume: rerun sweep lr (the same make sweep command; it runs what is left)" in err
