@@ -441,15 +441,28 @@ def run_words(env: Mapping[str, str]) -> list[str]:
         words = shlex.split(env.get("RUNS", ""))
     except ValueError as err:
         raise UserError(f"RUNS cannot be split into paths ({err}); check its quotes") from None
-    if words:  # a pattern's sweep folders are not runs (their members are)
-        paths = [path for word in words for path in runs.expand(word)
-                 if word == path or not (Path(path) / "sweep.json").exists()]  # fmt: skip
+    if words:  # a sweep's folder is not a run: its members are (a pattern's, or one named)
+        paths = [member for word in words for path in runs.expand(word)
+                 for member in (sweep_members(Path(path)) if word == path else [path])
+                 if word == path or not is_sweep(Path(member))]  # fmt: skip
         missing = [p for p in paths if not Path(p).is_dir()]
         if missing:
             raise UserError(f"RUNS: {missing[0]} is not a directory; give run directories")
         return paths
     recipe = env.get("RECIPE") or "*"
     return [str(p) for p in sorted(Path("runs").glob(f"{recipe}/*")) if looks_like_run(p)]
+
+
+def is_sweep(path: Path) -> bool:
+    return (path / "sweep.json").is_file()
+
+
+def sweep_members(path: Path) -> list[str]:
+    """A sweep folder's members that exist (beside it), in its order; [path] for a run."""
+    if not is_sweep(path):
+        return [str(path)]
+    names = read_json(path / "sweep.json").get("members") or {}
+    return [str(path.parent / n) for n in names if (path.parent / n).is_dir()]
 
 
 def looks_like_run(path: Path) -> bool:
@@ -469,6 +482,13 @@ def one_run(env: Mapping[str, str], command: str) -> str:
     if not path.is_dir():
         raise UserError(
             f"RUN={text} is not a directory; give a run directory, runs/<recipe>/<name>"
+        )
+    if is_sweep(path):
+        members = sweep_members(path)
+        example = f" (e.g. RUN={members[0]})" if members else ""
+        raise UserError(
+            f"RUN={text} is a sweep's folder, not a run: make status RUNS={text} lists its "
+            f"{len(members)} member(s); make {command} RUN=<a member>{example}"
         )
     if not looks_like_run(path):
         raise UserError(f"RUN={text} is not a run directory (no config.yaml, lock or slurm/)")

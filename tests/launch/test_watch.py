@@ -254,3 +254,20 @@ def test_a_failed_job_shows_the_engine_s_line_even_after_slurm_forgot_it(tmp_pat
     found = rows(launch("status", RUNS=str(run), PATH=path).stdout)[str(run)]
     assert found[:2] == ["failed", "9"]
     assert found[-1] == err.splitlines()[0]
+
+
+def test_a_sweep_s_folder_is_watched_through_its_members(tmp_path):
+    """make status RUNS=<sweep folder> lists its members (the folder is no run); make logs of
+    it says where the runs are, in one line."""
+    members = [fake_run(tmp_path, f"lr-seed{i}") for i in range(2)]
+    folder = tmp_path / "digits" / "lr-sweep"
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps({"members": {m.name: {} for m in members}}))
+    found = rows(launch("status", RUNS=str(folder)).stdout)
+    assert list(found) == [str(m) for m in members]
+    done = launch("logs", RUN=str(folder))
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"launch: RUN={folder} is a sweep's folder, not a run: make status RUNS={folder} lists "
+        f"its 2 member(s); make logs RUN=<a member> (e.g. RUN={members[0]})\n"
+    )
