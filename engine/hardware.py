@@ -29,6 +29,7 @@ def facts(device: torch.device | str | None = None) -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpu_capability": _quiet(torch.backends.cpu.get_cpu_capability),
         "cpu_count": os.cpu_count(),
+        "cpu_threads": torch.get_num_threads(),  # as the run set them (engine.distributed)
         **build_facts(),
         "mkldnn_available": _quiet(torch.backends.mkldnn.is_available),
         "torch": torch.__version__,

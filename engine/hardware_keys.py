@@ -3,11 +3,13 @@ writes them (engine.hardware) and torch-free, so that launch compares runs by th
 without importing torch (launch.hardware). Renaming a fact here renames it for both."""
 
 # The facts that change bits, in the order a note names them: the same config, seed and code
-# give the same bits only on the same CPU model and instruction set, BLAS, GPU, driver, CUDA,
-# cuDNN, NCCL and torch.
+# give the same bits only on the same CPU model and instruction set, with as many CPU threads
+# (a reduction split otherwise sums in another order), BLAS, GPU, driver, CUDA, cuDNN, NCCL and
+# torch.
 BITS = (
     "cpu_model",
     "cpu_capability",
+    "cpu_threads",
     "blas",
     "gpu_models",
     "driver",
@@ -17,4 +19,4 @@ BITS = (
     "torch",
 )
 # What `make reproduce` calls the same machine: a CPU recipe's bits depend on these.
-SAME_MACHINE = ("cpu_model", "cpu_capability", "torch")
+SAME_MACHINE = ("cpu_model", "cpu_capability", "cpu_threads", "torch")

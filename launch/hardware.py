@@ -2,7 +2,7 @@
 (written by engine.hardware) compared field by field, torch-free.
 
 The same config, seed and code give the same bits only on the same CPU model and
-instruction set, BLAS, GPU, driver, CUDA, cuDNN, NCCL and torch; across them, results agree
+instruction set, CPU threads, BLAS, GPU, driver, CUDA, cuDNN, NCCL and torch; across them, results agree
 only statistically (over seeds). A run recorded before env.json named its hardware is
 "unknown", never an error."""
 
@@ -33,10 +33,11 @@ def differences(
     a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, fields: Sequence[str] = BITS
 ) -> list[str]:
     """The fields (of `fields`) in which two hardware entries differ; every field when
-    either is unknown (None)."""
+    either is unknown (None). A field one of them does not hold (recorded before it was a
+    fact, such as cpu_threads) is not compared."""
     if a is None or b is None:
         return list(fields)
-    return [f for f in fields if text(a.get(f)) != text(b.get(f))]
+    return [f for f in fields if f in a and f in b and text(a.get(f)) != text(b.get(f))]
 
 
 def differing(records: Sequence[Mapping[str, Any] | None]) -> dict[str, list[str]]:
@@ -45,7 +46,7 @@ def differing(records: Sequence[Mapping[str, Any] | None]) -> dict[str, list[str
     known = [r for r in records if r is not None]
     found: dict[str, list[str]] = {}
     for field in BITS:
-        values = list(dict.fromkeys(text(r.get(field)) for r in known))
+        values = list(dict.fromkeys(text(r.get(field)) for r in known if field in r))
         if len(values) > 1:
             found[field] = values
     return found

@@ -88,7 +88,9 @@ def agrees(test: stats.Comparison) -> bool:
 
 
 def machine(facts: Mapping[str, Any] | None) -> str:
-    return ", ".join(hardware.text((facts or {}).get(f)) for f in hardware.SAME_MACHINE)
+    """The facts that make a machine the same one, those the record holds."""
+    facts = facts or {}
+    return ", ".join(hardware.text(facts[f]) for f in hardware.SAME_MACHINE if f in facts)
 
 
 def differs_text(measured: Mapping[str, Any], here: Mapping[str, Any] | None, fields) -> str:

@@ -15,6 +15,7 @@ def test_the_facts_that_change_bits_are_all_recorded_here():
     assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert facts["torch"] == torch.__version__ and facts["device"] == "cpu"
     assert facts["cpu_count"] >= 1 and facts["cpu_model"]
+    assert facts["cpu_threads"] == torch.get_num_threads()  # a local twin's 2 vs a job's 1
     assert facts["mkldnn_available"] == torch.backends.mkldnn.is_available()
     assert set(facts["deterministic"]) == {
         "algorithms", "cudnn_deterministic", "cudnn_benchmark", "matmul_tf32", "cudnn_tf32"
@@ -56,8 +57,8 @@ def test_env_json_names_the_hardware():
 # values are ones no machine running this suite has (an s390x vector unit on x86, a torch from
 # before 1.0): a value equal to this machine's would change nothing and prove nothing.
 CHANGE_BITS = {
-    "cpu_model": "IBM z16", "cpu_capability": "ZVECTOR", "blas": "essl", "gpu_models": ["H100"],
-    "driver": "550.1", "cuda": "12.4", "cudnn": 90100, "nccl": "2.21.5", "torch": "0.4.1",
+    "cpu_model": "IBM z16", "cpu_capability": "ZVECTOR", "cpu_threads": 4099, "blas": "essl",
+    "gpu_models": ["H100"], "driver": "550.1", "cuda": "12.4", "cudnn": 90100, "nccl": "2.21.5", "torch": "0.4.1",
 }  # fmt: skip
 
 
@@ -69,3 +70,11 @@ def test_runs_differing_in_any_one_fact_that_changes_bits_are_told_apart():
         note = compare_hardware.note([here, here | {key: other}])
         assert note and key in note, key
     assert compare_hardware.differences(here, here | {"cpu_count": 999}) == []  # no bit changes
+
+
+def test_a_fact_a_run_recorded_before_it_existed_is_not_compared():
+    """Runs written before cpu_threads was a fact are not all "different hardware"."""
+    here = hardware.facts(torch.device("cpu"))
+    older = {k: v for k, v in here.items() if k != "cpu_threads"}
+    assert compare_hardware.differences(here, older) == []
+    assert compare_hardware.note([here, older]) is None
