@@ -236,7 +236,8 @@ class DistConfig:
     replicate: int = bounded(1, ge=1)
     # tensor parallelism: the recipe's layers split over groups of tp consecutive ranks (a
     # node's processes; Megatron's split through DTensor), FSDP2 over the world / tp groups
-    # on a 2-D mesh. Needs dist.strategy=fsdp and a recipe with a plan (gpt). 1: off.
+    # on a 2-D mesh. Needs dist.strategy=fsdp (auto becomes it) and a recipe with a plan
+    # (gpt). 1: off.
     tp: int = bounded(1, ge=1)
 
 

@@ -46,15 +46,21 @@ def resolve_strategy(requested: str, denv: D.DistEnv) -> Strategy:
         raise ConfigError("dist.strategy=dp runs in one process; use ddp with several processes")
     if requested == "none" and denv.distributed:
         raise ConfigError("dist.strategy=none with several processes; use ddp")
-    if requested == "auto":
+    if requested == "auto" and denv.tp == 1:
         return Strategy("ddp" if denv.distributed else "none")
-    if requested == "fsdp":
+    if requested in ("fsdp", "auto"):  # auto under dist.tp: what tensor parallelism needs
         if denv.tp > 1:
             return Strategy("fsdp" if denv.dp_size > 1 else "tp", fsdp=True, tp=denv.tp)
         return Strategy("fsdp" if denv.distributed else "none", fsdp=True)
     if requested == "ddp" and not denv.distributed:
         return Strategy("none")
     return Strategy(requested)
+
+
+def shards(dcfg: DistConfig) -> bool:
+    """The run shards its weights (FSDP2): asked for, or dist.strategy=auto under dist.tp,
+    which tensor parallelism needs."""
+    return dcfg.strategy == "fsdp" or (dcfg.strategy == "auto" and dcfg.tp > 1)
 
 
 def mesh_shape(dcfg: DistConfig, world_size: int) -> tuple[int, ...]:
@@ -69,7 +75,7 @@ def mesh_shape(dcfg: DistConfig, world_size: int) -> tuple[int, ...]:
 def check_layout(cfg: Config, world_size: int) -> None:
     """What dist.replicate, dist.tp and ckpt.async_save need of a run on world_size
     processes, said before any process starts (engine.cli.preflight) and again at set-up."""
-    replicate, fsdp = cfg.dist.replicate, cfg.dist.strategy == "fsdp"
+    replicate, fsdp = cfg.dist.replicate, shards(cfg.dist)
     check_tp_layout(cfg, world_size)
     if replicate > 1 and not fsdp:
         raise ConfigError(
@@ -96,10 +102,10 @@ def check_tp_layout(cfg: Config, world_size: int) -> None:
     tp = cfg.dist.tp
     if tp == 1:
         return
-    if cfg.dist.strategy != "fsdp":
+    if not shards(cfg.dist):
         raise ConfigError(
             f"dist.tp={tp} is tensor parallelism, which runs with FSDP2 over the data-parallel "
-            f"ranks: set dist.strategy=fsdp (it is {cfg.dist.strategy})"
+            f"ranks: set dist.strategy=fsdp or auto (it is {cfg.dist.strategy})"
         )
     if world_size % tp:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]

@@ -44,7 +44,9 @@ def one(root, train_here):
 
 @pytest.fixture(scope="module")
 def tp2(root):
-    gpt(root, "tp2", *TP)
+    """dist.strategy left at auto: under dist.tp it is what tensor parallelism needs (FSDP2
+    over the data-parallel ranks), so this run trains as TP's layout with fsdp does."""
+    gpt(root, "tp2", *GPT, "dist.tp=2")
     return root
 
 
@@ -162,7 +164,7 @@ def layout_error(*overrides: str, world: int = 4, recipe: str = "gpt") -> str:
         (["dist.strategy=fsdp", "dist.tp=2", "data.block_size=15", "model.context=16"], 2,
          "dist.tp=2 does not divide data.block_size=15"),
         (["dist.strategy=fsdp", "dist.tp=4"], 6, "dist.tp=4 does not divide the 6 processes"),
-        (["dist.strategy=ddp", "dist.tp=2"], 4, "set dist.strategy=fsdp (it is ddp)"),
+        (["dist.strategy=ddp", "dist.tp=2"], 4, "set dist.strategy=fsdp or auto (it is ddp)"),
         (["dist.strategy=fsdp", "dist.tp=2", "dist.replicate=2"], 4,
          "dist.replicate with dist.tp=2: not supported"),
         (["dist.strategy=fsdp", "dist.tp=2", "train.compile=on"], 4,
