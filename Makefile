@@ -9,7 +9,7 @@
 # launch's defaults: RECIPE digits, NODES 1, PROCS 1; GPUS: this machine's for train, the
 # recipe's declared slurm.gpus_per_node for submit and SLURM sweeps.
 
-export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT RUN FOLLOW TO
+export RECIPE CONFIG GPUS NODES PROCS ARGS IMAGE DRY_RUN SEEDS SWEEP BASELINE PARALLEL WAIT MAX_RESTARTS RUNS ALLOW_CPU CKPT EMA OUT RUN FOLLOW TO
 # From another machine: REMOTE=user@login REMOTE_DIR=recipes make submit (or sweep
 # TARGET=submit, status, logs, cancel) copies the code there and runs the same command over
 # ssh (README: "From your laptop"); REMOTE_PYTHON and REMOTE_SSH as launch/remote.py says.
@@ -42,11 +42,12 @@ help:
 	"Project:    test | test-fast | test-container | mutants | bench | lint | venv | lock | clean" \
 	"            gpu-wheels | image-digest | help" \
 	"" \
-	"The request: RECIPE [digits]  CONFIG (variant or file)  GPUS [this machine's]  NODES [1]" \
+	"The request: RECIPE [digits]  CONFIG (variant or file)  NODES [1]  GPUS [train: this" \
+	"             machine's; submit, SLURM sweeps: the recipe's slurm.gpus_per_node]" \
 	"             PROCS [1]  ARGS='key=value ...'  IMAGE  DRY_RUN=1  TARGET (train, sweep)" \
 	"SLURM:       PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE" \
 	"             SIGNAL_DELAY_S MAX_REQUEUES ALLOW_CPU MAX_RESTARTS" \
-	"Sweeps:      SEEDS [3]  SWEEP (file)  BASELINE  PARALLEL  RUNS  TO" \
+	"Sweeps:      SEEDS [3]  SWEEP (file)  BASELINE  PARALLEL  WAIT=0 (submit, return)  RUNS  TO" \
 	"Watching:    RUNS  RUN  FOLLOW=1  eval/export: CKPT EMA OUT BEST AVERAGE FORCE" \
 	"Remote:      REMOTE=user@login REMOTE_DIR REMOTE_PYTHON REMOTE_SSH" \
 	"Container:   DOCKER DOCKER_NETWORK BASE_IMAGE CA_BUNDLE PIP_INDEX_URL" \

@@ -21,7 +21,7 @@ REQUEST = ("RECIPE", "CONFIG", "GPUS", "NODES", "PROCS", "ARGS", "IMAGE", "SIF",
 SLURM = ("PARTITION", "ACCOUNT", "QOS", "TIME_MIN", "CPUS_PER_TASK", "MEM_GB", "CONSTRAINT",
          "EXCLUDE", "SIGNAL_DELAY_S", "MAX_REQUEUES")  # fmt: skip
 # Sweeps, comparisons, reports, watching, evaluation and export.
-ANALYSIS = ("SEEDS", "SWEEP", "BASELINE", "PARALLEL", "RUNS", "RUN", "FOLLOW", "TO",
+ANALYSIS = ("SEEDS", "SWEEP", "BASELINE", "PARALLEL", "WAIT", "RUNS", "RUN", "FOLLOW", "TO",
             "MLFLOW_TRACKING_URI", "CKPT", "EMA", "OUT", "BEST", "AVERAGE", "FORCE")  # fmt: skip
 # Another machine, and the container.
 REMOTE = ("REMOTE", "REMOTE_DIR", "REMOTE_PYTHON", "REMOTE_SSH")

@@ -93,7 +93,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
         check.slurm_support().require_sbatch()
     with SweepLock(plan.folder):
         argv = argv if argv is not None else sys.argv[1:]
-        record, stopped = launch_members(plan, env, argv, wait=not args.no_wait)
+        record, stopped = launch_members(plan, env, argv, wait=not no_wait(args, env))
         text, found = write_report(plan, record)
     print(text, end="")
     print(
@@ -107,11 +107,22 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
         )
         return 128 + stopped
     waiting = any(m.status == "queued" or not m.finished for m in found)
-    if plan.slurm and args.no_wait and waiting and not any(m.status == "held" for m in found):
+    held = any(m.status == "held" for m in found)
+    if plan.slurm and no_wait(args, env) and waiting and not held:
         print(f"when they finish: python -m launch sweep --recipe {plan.req.recipe} --report {plan.name}",
               file=sys.stderr)  # fmt: skip
         return 0
     return outcome(plan, found)
+
+
+def no_wait(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    """--no-wait, or WAIT=0 (make sweep TARGET=submit WAIT=0): submit the array and return."""
+    wait = env.get("WAIT", "").strip()
+    if wait not in ("", "0", "1"):
+        raise UserError(
+            f"WAIT={wait!r}: 0 submits a sweep's array and returns, 1 (the default) waits"
+        )
+    return bool(args.no_wait) or wait == "0"
 
 
 def report_only(args: argparse.Namespace, env: Mapping[str, str]) -> int:

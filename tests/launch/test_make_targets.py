@@ -69,6 +69,7 @@ def test_every_request_variable_make_help_names_is_one_launch_knows():
     shown = set(re.findall(r"\b[A-Z][A-Z0-9_]{1,}\b", make("help").stdout))
     words = {"TARGET", "VARIABLE", "README", "SLURM"}  # the screen's own words
     assert shown - words and shown - words <= variables.KNOWN, sorted(shown - variables.KNOWN)
+    assert "submit, SLURM sweeps: the recipe's slurm.gpus_per_node" in make("help").stdout
 
 
 @pytest.mark.parametrize(("given", "meant"), [("NODE=2", "NODES"), ("PARTITON=gpu", "PARTITION")])

@@ -34,7 +34,7 @@ def test_a_sweep_grown_after_its_config_file_changed_is_refused_with_the_differe
     asked.write_text("recipe: digits\noptim:\n  lr: 0.05\ntrain:\n  epochs: 2\n")
     args = f"{QUIET} run.root={tmp_path} run.name=cfgmove"
     env = {"GPUS": "0", "CONFIG": str(asked), "ARGS": args}
-    done = helpers.launch("sweep", "--slurm", "--no-wait", SEEDS="2", timeout=180, **env)
+    done = helpers.launch("sweep", "--slurm", SEEDS="2", WAIT="0", timeout=180, **env)  # returns
     manifest = tmp_path / "digits" / "cfgmove-sweep" / "sweep.json"
     record = json.loads(manifest.read_text())
     slurm_cluster.submitted += [a["job"] for a in record["attempts"].values()]
