@@ -324,3 +324,9 @@ def test_a_failing_setup_line_fails_the_job_and_make_status_names_it(slurm_clust
     assert row[1:3] == ["failed", job], status.stdout
     assert row[-1] == f"error: setup line 2 failed on node2 (exit 1): {line}", status.stdout
     assert not (run / "config.yaml").exists()  # the engine never started
+    # Once SLURM forgets the job (MinJobAge; here: no SLURM command to ask), the run folder
+    # alone still says failed and why, not "prepared" for its frozen request.
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "squeue").exists())  # fmt: skip
+    later = launch("status", RUNS=str(run), PATH=path)
+    row = re.split(r"\s{2,}", later.stdout.strip().splitlines()[1])
+    assert row[1:3] == ["failed", job] and row[-1].startswith("error: setup line 2"), later.stdout
