@@ -108,7 +108,25 @@ PLANTS = (
         "    if refused:\n        raise C.ConfigError(",
         "    if False:\n        raise C.ConfigError(",
         (
-            "tests/faults/test_faults.py::test_resuming_with_a_config_that_changes_the_run_is_refused",
+            "tests/faults/test_faults.py::test_a_checkpoint_resumed_into_another_run_under_a_changed_config_is_refused",
+        ),
+    ),
+    Plant(
+        "one run name, one request: a finished run is never done for another request",
+        "engine/lifecycle.py",
+        "            check_same_request(run_dir, cfg.run.name, current, also_safe, trained)\n",
+        "            pass\n",
+        (
+            "tests/engine/test_run_directory.py::test_a_finished_run_is_never_done_for_another_request",
+        ),
+    ),
+    Plant(
+        "one run name, one request: a sweep's members keep their request",
+        "launch/sweep_members.py",
+        "    pairs = [(p, saved) for p in plan.members if (saved := saved_request(p))]\n",
+        "    pairs = []\n",
+        (
+            "tests/slurm/test_one_request_slurm.py::test_a_sweep_grown_after_its_config_file_changed_is_refused_with_the_difference",
         ),
     ),
     Plant(

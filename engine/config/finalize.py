@@ -18,6 +18,9 @@ from engine.config.fields import ConfigError, _check_range, _check_type, type_hi
 from engine.config.sections import Config
 
 TOP_LEVEL_DERIVED = ("resume",)  # top-level keys a derivation may set (scoring: resume=none)
+# Keys whose asked value means "derive me at set-up", and that value: a request asking it
+# is the same request as a run's config.yaml that holds what set-up derived.
+DERIVED_AT_START = {"model.num_classes": 0}
 
 
 def finalize(cfg: Config, derived: Mapping[str, Any]) -> Config:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.fields import YAML_FAILURES, ConfigError, dump_yaml, load_yaml
+from engine.config.finalize import DERIVED_AT_START
 from engine.config.sections import resume_safe_keys
 
 SAVED_NAME = "config.yaml"  # the run's resolved request, written by rank 0 at set-up
@@ -61,8 +62,11 @@ def request_changes(
 ) -> list[str]:
     """The differences between a saved request and `current` that make it another request:
     every refused change, and an allowed one of a key in `strict`."""
+    asked = flatten(as_saved(current))
+    derived = [k for k, v in DERIVED_AT_START.items() if k in asked and asked[k] == v]
     refused, allowed = config_changes(as_saved(saved), as_saved(current), also_safe)
-    return refused + [c for c in allowed if c.split(" ", 1)[0] in strict]
+    changes = refused + [c for c in allowed if c.split(" ", 1)[0] in strict]
+    return [c for c in changes if c.split(" ", 1)[0] not in derived]  # set-up's to decide
 
 
 def digest(config: dict, also_safe: tuple[str, ...] = ()) -> str:

@@ -170,3 +170,16 @@ def test_a_stopped_sweep_member_is_told_to_rerun_its_sweep(tmp_path, capsys, mon
     assert train_run(tmp_path, "lr-seed0", "train.max_steps=2", "train.stop_at_step=1") == 0
     err = capsys.readouterr().err
     assert "Resume: rerun sweep lr (the same make sweep command; it runs what is left)" in err
+
+
+def test_a_value_set_up_derives_is_the_same_request_as_the_one_it_derived():
+    """model.num_classes=0 asks set-up to count the classes: a run whose config.yaml holds the
+    count is the same request; another count asked outright is not."""
+    from engine.config import identity
+
+    saved = {"model": {"num_classes": 3}, "optim": {"lr": 0.1}}
+    assert (
+        identity.request_changes(saved, {"model": {"num_classes": 0}, "optim": {"lr": 0.1}}) == []
+    )
+    changes = identity.request_changes(saved, {"model": {"num_classes": 5}, "optim": {"lr": 0.1}})
+    assert changes == ["model.num_classes 3 -> 5"]

@@ -191,6 +191,21 @@ def test_resuming_with_a_config_that_changes_the_run_is_refused(root, stopped, c
     assert checkpoints(root, name) == before
 
 
+@pytest.mark.parametrize(
+    "change, refused",
+    [("optim.lr=0.2", "another config (optim.lr 0.1 -> 0.2")],
+)
+def test_a_checkpoint_resumed_into_another_run_under_a_changed_config_is_refused(
+    root, stopped, change, refused
+):
+    """resume=<another run's checkpoint>: no run under the new name to compare with, so the
+    checkpoint's own config refuses the change (and nothing is left under the new name)."""
+    source = stopped / "checkpoints" / "step-00000006.pt"
+    out = run_engine(root, "drift-elsewhere", *SHORT, change, f"resume={source}", check=False)
+    assert out.returncode == 2 and refused in one_error_line(out)
+    assert not run_dir(root, "drift-elsewhere").exists()
+
+
 def test_resuming_with_safe_changes_says_which(root, stopped):
     copy_of(stopped, root, "extend")
     out = run_engine(root, "extend", *SHORT, "train.max_steps=14", "log.every_steps=3")

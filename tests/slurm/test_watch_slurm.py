@@ -104,7 +104,13 @@ def test_status_tells_a_queued_a_running_a_finished_and_a_failed_job(jobs, slurm
     done = make("status", f"RUNS={jobs['long'][0].parent}/*")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     found = rows(done.stdout)
-    assert found["held"][:4] == ["queued (JobHeldUser)", jobs["held"][1], "-", "0"]
+    held_job = jobs["held"][1]  # waits for a person: said with the command that starts it
+    assert found["held"][:4] == [
+        f"held (JobHeldUser: scontrol release {held_job})",
+        held_job,
+        "-",
+        "0",
+    ]
     state, job, nodes, step, _, last = found["long"]
     assert (state, job, nodes) == ("running", long_job, "node[1-2]")
     assert int(step.split("/")[0]) >= 4 and step.endswith("/5000"), step
@@ -155,7 +161,7 @@ def test_cancel_stops_a_running_job_with_a_checkpoint_and_a_queued_one(jobs, slu
 
     held, held_job = jobs["held"]
     done = launch("cancel", RUN=str(held))
-    assert done.stdout == f"cancelled SLURM job {held_job} (queued); make status says stopped\n"
+    assert done.stdout == f"cancelled SLURM job {held_job} (held); make status says stopped\n"
     assert slurm_cluster.wait(held_job, timeout=60).state == "CANCELLED"
     found = rows(launch("status", RUNS=f"{run} {held}").stdout)
     assert found["long"][:4] == ["stopped", job, "node[1-2]", f"{end['step']}/5000"]
