@@ -458,6 +458,9 @@ def sif_build(req: LaunchRequest) -> list[str]:
     return ["apptainer", "build", "--force", req.sif, f"docker-daemon://{req.image}"]
 
 
+SETUP_FAILED = "error: setup line "  # how a failed slurm.setup line starts in the job's log
+
+
 def guarded(setup: tuple[str, ...], nodes: int = 1) -> list[str]:
     """slurm.setup's lines as a batch script runs them: each in the script's own shell (a
     `module load` or `source` must stay in effect: srun hands that environment to every
@@ -480,7 +483,7 @@ def guarded(setup: tuple[str, ...], nodes: int = 1) -> list[str]:
 
 
 def _guard(number: int, line: str) -> str:
-    said = shlex.quote(f"error: setup line {number} failed on ")
+    said = shlex.quote(f"{SETUP_FAILED}{number} failed on ")
     node = '"${SLURMD_NODENAME:-$(hostname)} (exit $rc): "'
     return f"{{ {line}\n}} || {{ rc=$?; echo {said}{node}{shlex.quote(line)} >&2; exit 1; }}"
 

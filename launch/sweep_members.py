@@ -525,11 +525,15 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     `deadline`) says finished or failed (with the error); none means the member stopped
     before its end (make cancel, a preemption not requeued), said in one line: rerunning the
     sweep resumes it."""
-    result = job.paths.result_pickle
+    result, log = job.paths.result_pickle, Path(job.paths.stderr)
+    said = ""
     while not result.exists() and time.monotonic() < deadline:
+        said = watch.failure_line({}, [log])
+        if said.startswith(render.SETUP_FAILED):  # the batch script ended before any task: no result
+            break
         time.sleep(0.5)
-    if not result.exists() and (said := watch.failure_line({}, [Path(job.paths.stderr)])):
-        return {"exit": 1, "said": said}  # before the engine could say (a setup line)
+    if not result.exists() and (said := said or watch.failure_line({}, [log])):
+        return {"exit": 1, "said": said}  # the engine never said (a setup line failed)
     if not result.exists():
         ended = job_end(job.job_id)
         print(f"launch: sweep {plan.name}: member {name} (job {job.job_id}) ended without "
