@@ -529,7 +529,9 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     said = ""
     while not result.exists() and time.monotonic() < deadline:
         said = watch.failure_line({}, [log])
-        if said.startswith(render.SETUP_FAILED):  # the batch script ended before any task: no result
+        if said.startswith(
+            render.SETUP_FAILED
+        ):  # the batch script ended before any task: no result
             break
         time.sleep(0.5)
     if not result.exists() and (said := said or watch.failure_line({}, [log])):
@@ -670,6 +672,8 @@ def launch_members(
     old = load_manifest(plan)
     todo, found = to_run(plan, old.get("attempts") or {})
     check_members_unchanged(plan)
+    for planned in todo:  # a member's name another submission's live job holds
+        watch.check_no_live_job(Path(plan.req.src) / planned.req.run_dir, planned.req.run_name)
     if todo:  # before sweep.json is written: a grid the engine refuses can still be fixed
         check_cells(plan, todo)
     held = sum(m.status == "held" for m in found)

@@ -10,7 +10,6 @@ launch's checks and the engine's start read the same rule."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +66,6 @@ def request_changes(
     refused, allowed = config_changes(as_saved(saved), as_saved(current), also_safe)
     changes = refused + [c for c in allowed if c.split(" ", 1)[0] in strict]
     return [c for c in changes if c.split(" ", 1)[0] not in derived]  # set-up's to decide
-
-
-def digest(config: dict, also_safe: tuple[str, ...] = ()) -> str:
-    """A short hash of what makes the request itself (its keys that are not resume-safe):
-    two requests one run could hold have the same digest."""
-    safe_keys = resume_safe_keys() + also_safe
-    kept = {k: v for k, v in flatten(as_saved(config)).items() if not k.startswith(safe_keys)}
-    return hashlib.sha256(dump_yaml(dict(sorted(kept.items()))).encode()).hexdigest()[:16]
 
 
 def saved_request(path: Path) -> dict | None:

@@ -6,6 +6,7 @@ or that SLURM holds, is said as such, with what to do."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -39,6 +40,25 @@ def test_a_sweep_grown_after_its_config_file_changed_is_refused_with_the_differe
     record = json.loads(manifest.read_text())
     slurm_cluster.submitted += [a["job"] for a in record["attempts"].values()]
     assert len(record["attempts"]) == 2, done.stderr  # both queued behind the blocker
+    seed0 = record["attempts"]["cfgmove-seed0"]["job"]
+
+    # Another request under a queued member's name: refused, naming the task (it would have
+    # trained in the member's place, and the member found it "already finished").
+    args0 = f"{QUIET} run.root={tmp_path} run.name=cfgmove-seed0 optim.lr=0.3"
+    again = helpers.launch("submit", GPUS="0", CONFIG=str(asked), ARGS=args0, timeout=120)
+    assert again.returncode == 2 and "submitted job" not in again.stdout, again.stderr
+    assert f"run.name=cfgmove-seed0 has a job queued or running, {seed0} (PENDING)" in again.stderr
+    # A name the sweep would grow into, held by another submission's live job: refused too.
+    args2 = f"{QUIET} run.root={tmp_path} run.name=cfgmove-seed2 seed=2"
+    other = helpers.launch("submit", GPUS="0", CONFIG=str(asked), ARGS=args2, timeout=120)
+    assert other.returncode == 0, other.stderr
+    slurm_cluster.submitted.append(job2 := re.search(r"submitted job (\d+)", other.stdout)[1])
+    grown = helpers.launch("sweep", "--slurm", SEEDS="3", WAIT="0", timeout=180, **env)
+    assert grown.returncode == 2, grown.stderr
+    assert f"run.name=cfgmove-seed2 has a job queued or running, {job2} (PENDING)" in grown.stderr
+    assert json.loads(manifest.read_text()) == record
+    assert slurm_cluster.run("scancel", job2).returncode == 0
+    slurm_cluster.wait(job2)
 
     asked.write_text("recipe: digits\noptim:\n  lr: 0.4\ntrain:\n  epochs: 1\n")
     grown = helpers.launch("sweep", "--slurm", "--no-wait", SEEDS="3", timeout=180, **env)
@@ -47,7 +67,6 @@ def test_a_sweep_grown_after_its_config_file_changed_is_refused_with_the_differe
     assert line.startswith("launch: sweep cfgmove: member cfgmove-seed0 was trained or queued")
     assert "optim.lr 0.05 -> 0.4" in line and "train.epochs 2 -> 1" in line
     assert json.loads(manifest.read_text()) == record  # seeds: still 2, nothing submitted
-    assert not (tmp_path / "digits" / "cfgmove-seed2").exists()
 
 
 def test_a_member_that_failed_in_a_setup_line_is_failed_with_that_line(slurm_cluster, tmp_path):
