@@ -35,11 +35,10 @@ from engine import parallel as P
 from engine import recipe as contract
 from engine import weights as home
 from engine.assemble import amp_dtype
-from engine.config import identity
 from engine.data.sampler import check_batch_fits, check_elastic
 from engine.eval_only import score
 from engine.faults import RunError
-from engine.lifecycle import PeerFailure, train
+from engine.lifecycle import PeerFailure, check_one_request, train
 from engine.recipe import Recipe
 from engine.spawn import spawn_local
 from engine.tasks import check_supported, task_of
@@ -331,7 +330,9 @@ def check_or_print(request: EngineRequest, cfg: C.Config, recipe: Recipe) -> int
             print(note, file=sys.stderr)
         check_data(cfg, recipe, request.data_here)
         check_sample_count(cfg, recipe)
-        check_one_request(cfg, recipe)  # a start checks again, holding the run's lock
+        if cfg.run.name:  # one name, one request; a start checks again, holding the lock
+            run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
+            check_one_request(cfg, run_dir, recipe.resume_safe)
         if request.data_here and sources.wanted(cfg.model):
             sources.source_of(cfg.model)  # model.init_from or model.weights' cached file
     if request.print_config:
@@ -424,18 +425,6 @@ def preflight(
         rundir.check_fresh_start(run_dir, cfg.resume, cfg.run.overwrite)
     wandb_mode(cfg.log)
     tensorboard_check(cfg.log)
-
-
-def check_one_request(cfg: C.Config, recipe: Recipe) -> None:
-    """One run name, one request (engine.config.identity): a request that is not the one the
-    run under its name trained from is refused, before anything is queued or started.
-    run.overwrite moves that run aside instead."""
-    if not cfg.run.name or cfg.run.overwrite:
-        return
-    run_dir = rundir.decide_run_dir(cfg.run.root, cfg.recipe, cfg.run.name)
-    trained = rundir.holds_a_run(run_dir)
-    current = redact(cfg.to_dict())  # as config.yaml holds it
-    identity.check_same_request(run_dir, cfg.run.name, current, recipe.resume_safe, trained)
 
 
 def data_location(cfg: C.Config) -> str:

@@ -110,13 +110,21 @@ def standing(cfg: C.Config, run_dir: Path, also_safe: tuple[str, ...]) -> tuple[
     when it may; the step that run finished at, None when there is training to do). A run
     finished from another request is refused, never "nothing to do"."""
     try:
-        if not cfg.run.overwrite:
-            trained = rundir.holds_a_run(run_dir)
-            current = redact(cfg.to_dict())  # as config.yaml holds it
-            check_same_request(run_dir, cfg.run.name, current, also_safe, trained)
+        check_one_request(cfg, run_dir, also_safe)
     except C.ConfigError as err:
         return str(err), None
     return "", finished_at(cfg, run_dir)
+
+
+def check_one_request(cfg: C.Config, run_dir: Path, also_safe: tuple[str, ...]) -> None:
+    """One run name, one request (engine.config.identity): a request that is not the one the
+    run in run_dir trained from is refused; run.overwrite moves that run aside instead. The
+    check before the queue (engine.cli) and a start holding the run's lock both ask it."""
+    if cfg.run.overwrite:
+        return
+    trained = rundir.holds_a_run(run_dir)
+    current = redact(cfg.to_dict())  # as config.yaml holds it
+    check_same_request(run_dir, cfg.run.name, current, also_safe, trained)
 
 
 def finished_at(cfg: C.Config, run_dir: Path) -> int | None:

@@ -289,23 +289,15 @@ def last_line(path: Path | None) -> str | None:
     return check.last_line(own)[:300] or None
 
 
-def live_jobs(attempts: Mapping[str, Mapping]) -> set[str] | None:
-    """The recorded SLURM array tasks still queued or running (held ones too: they are
-    still in the queue; held_jobs names them); None where squeue cannot say (not on PATH
-    here, or no controller answers)."""
-    found = queue_states(attempts)
-    return None if found is None else set(found)
-
-
-def held_jobs(attempts: Mapping[str, Mapping]) -> set[str]:
-    """The recorded tasks that wait for a person: `scontrol release` starts them again."""
-    found = queue_states(attempts) or {}
-    return {job for job, (state, reason) in found.items() if watch.is_held(state, reason)}
+def held_of(found: Mapping[str, tuple[str, str]] | None) -> set[str]:
+    """Of queue_states' tasks, those that wait for a person (`scontrol release`)."""
+    return {job for job, (state, reason) in (found or {}).items() if watch.is_held(state, reason)}
 
 
 def queue_states(attempts: Mapping[str, Mapping]) -> dict[str, tuple[str, str]] | None:
-    """{task: (state, reason)} of the recorded tasks squeue lists as live; None where squeue
-    cannot say."""
+    """{task: (state, reason)} of the recorded SLURM array tasks still queued or running (held
+    ones too: still in the queue, held_of names them); None where squeue cannot say (not on
+    PATH here, or no controller answers)."""
     arrays = sorted({a["job"].split("_")[0] for a in attempts.values() if a.get("job")})
     if not arrays:
         return {}
@@ -343,8 +335,7 @@ def stand(
         member.status = "queued"
     elif attempt.get("job") and live is None:  # not known to have failed
         member.status, member.last_line = "unfinished", "squeue cannot say whether it is queued"
-    elif failed(attempt, path, log):
-        said = watch.failure_line({}, [log] if log else [])  # the engine's or a setup line's
+    elif failed(attempt, path, said := watch.failure_line({}, [log] if log else [])):
         member.status, member.last_line = "failed", said or last_line(log) or attempt.get("said")
     elif started(path):
         member.status, member.last_line = "unfinished", last_line(log)
@@ -357,20 +348,20 @@ def started(path: Path) -> bool:
     return any((path / name).exists() for name in ("config.yaml", rundir.STATE_NAME))
 
 
-def failed(attempt: Mapping[str, Any], path: Path, log: Path | None = None) -> bool:
+def failed(attempt: Mapping[str, Any], path: Path, error_line: str = "") -> bool:
     """Its last attempt exited non-zero, not because it was stopped (a signal, preemption), or
     its SLURM task left the queue without finishing it, after the engine started or with an
-    error line (a setup line that failed before it could)."""
+    error line in its log (a setup line that failed before it could)."""
     if attempt.get("stopped") or attempt.get("exit") == render.PREEMPTED:
         return False
     if attempt.get("exit") not in (None, 0):
         return True
-    ended = started(path) or bool(log and watch.failure_line({}, [log]))
-    return bool(attempt.get("job") and ended)
+    return bool(attempt.get("job") and (started(path) or error_line))
 
 
 def standing(plan: Plan, attempts: Mapping[str, Mapping]) -> list[Member]:
-    live, held = live_jobs(attempts), held_jobs(attempts)
+    found = queue_states(attempts)  # one squeue for both
+    live, held = (None if found is None else set(found)), held_of(found)
     src = Path(plan.req.src)
     return [stand(p, src, attempts.get(p.req.run_name, {}), live, held) for p in plan.members]
 
@@ -503,7 +494,8 @@ def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> se
     waiting = {job.job_id: r.run_name for r, job in zip(reqs, jobs, strict=True)}
     warned, held = False, set()
     while waiting:
-        live = live_jobs({name: {"job": job} for job, name in waiting.items()})
+        found = queue_states({name: {"job": job} for job, name in waiting.items()})
+        live = None if found is None else set(found)
         if live is None and not warned:
             print(f"launch: warning: sweep {plan.name}: squeue cannot say which members are "
                   "still queued or running; asking again every "
@@ -511,7 +503,7 @@ def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> se
             warned = True
         if live is not None:
             waiting = {job: name for job, name in waiting.items() if job in live}
-        for job in held_jobs({name: {"job": job} for job, name in waiting.items()}):
+        for job in held_of(found) & waiting.keys():
             held.add(job)
             print(f"launch: sweep {plan.name}: member {waiting.pop(job)} (job {job}) is held: "
                   f"scontrol release {job} starts it again", file=sys.stderr, flush=True)  # fmt: skip
@@ -529,9 +521,7 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     said = ""
     while not result.exists() and time.monotonic() < deadline:
         said = watch.failure_line({}, [log])
-        if said.startswith(
-            render.SETUP_FAILED
-        ):  # the batch script ended before any task: no result
+        if said.startswith(render.SETUP_FAILED):  # the script ended before any task ran
             break
         time.sleep(0.5)
     if not result.exists() and (said := said or watch.failure_line({}, [log])):

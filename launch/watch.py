@@ -441,10 +441,14 @@ def run_words(env: Mapping[str, str]) -> list[str]:
         words = shlex.split(env.get("RUNS", ""))
     except ValueError as err:
         raise UserError(f"RUNS cannot be split into paths ({err}); check its quotes") from None
-    if words:  # a sweep's folder is not a run: its members are (a pattern's, or one named)
-        paths = [member for word in words for path in runs.expand(word)
-                 for member in (sweep_members(Path(path)) if word == path else [path])
-                 if word == path or not is_sweep(Path(member))]  # fmt: skip
+    if words:  # a sweep's folder is not a run: one named stands for its members
+        paths = []
+        for word in words:
+            for path in runs.expand(word):
+                if word == path:
+                    paths += members_of_sweep(Path(path))
+                elif not is_sweep(Path(path)):  # a pattern's sweep folders: their members match
+                    paths.append(path)
         missing = [p for p in paths if not Path(p).is_dir()]
         if missing:
             raise UserError(f"RUNS: {missing[0]} is not a directory; give run directories")
@@ -457,7 +461,7 @@ def is_sweep(path: Path) -> bool:
     return (path / "sweep.json").is_file()
 
 
-def sweep_members(path: Path) -> list[str]:
+def members_of_sweep(path: Path) -> list[str]:
     """A sweep folder's members that exist (beside it), in its order; [path] for a run."""
     if not is_sweep(path):
         return [str(path)]
@@ -484,7 +488,7 @@ def one_run(env: Mapping[str, str], command: str) -> str:
             f"RUN={text} is not a directory; give a run directory, runs/<recipe>/<name>"
         )
     if is_sweep(path):
-        members = sweep_members(path)
+        members = members_of_sweep(path)
         example = f" (e.g. RUN={members[0]})" if members else ""
         raise UserError(
             f"RUN={text} is a sweep's folder, not a run: make status RUNS={text} lists its "

@@ -114,8 +114,8 @@ PLANTS = (
     Plant(
         "one run name, one request: a finished run is never done for another request",
         "engine/lifecycle.py",
-        "            check_same_request(run_dir, cfg.run.name, current, also_safe, trained)\n",
-        "            pass\n",
+        "    check_same_request(run_dir, cfg.run.name, current, also_safe, trained)\n",
+        "    pass\n",
         (
             "tests/engine/test_run_directory.py::test_a_finished_run_is_never_done_for_another_request",
         ),

@@ -61,9 +61,10 @@ def request_changes(
 ) -> list[str]:
     """The differences between a saved request and `current` that make it another request:
     every refused change, and an allowed one of a key in `strict`."""
-    asked = flatten(as_saved(current))
+    current = as_saved(current)
+    asked = flatten(current)
     derived = [k for k, v in DERIVED_AT_START.items() if k in asked and asked[k] == v]
-    refused, allowed = config_changes(as_saved(saved), as_saved(current), also_safe)
+    refused, allowed = config_changes(as_saved(saved), current, also_safe)
     changes = refused + [c for c in allowed if c.split(" ", 1)[0] in strict]
     return [c for c in changes if c.split(" ", 1)[0] not in derived]  # set-up's to decide
 
