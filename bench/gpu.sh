@@ -70,20 +70,12 @@ if [ -d "$wheels" ]; then
     done
     PYTHONPATH="$site/lib:$PYTHONPATH"
 fi
-# One line for each package a part needs that does not import (the part says why it skipped).
-for needed in "torchcodec.decoders:torchcodec (image decoding: imagenet_jpeg, decode_stages)" \
-    "airbench:airbench (cifar10_fast.airbench94)"; do
-    module="${needed%%:*}"
-    if ! why="$("$python" -c "import $module" 2>&1)"; then
-        echo "gpu.sh: ${needed#*:} is missing ($(printf '%s' "$why" | tail -n 1)):" \
-            "make gpu-wheels fetches it into .gpu-wheels (or set GPU_BENCH_WHEELS)"
-    fi
-done
+# python -m bench.gpu first says which optional package a part needs does not import.
 status=0
 "$python" -m bench.gpu ${extra[@]+"${extra[@]}"} "$@" || status=$?
 # The tests that need a CUDA device (marker gpu; deselected elsewhere), when pytest is there.
 if [ "${GPU_BENCH_TESTS:-1}" != "0" ] \
-    && "$python" -c "import pytest, torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    && grep -q '"cuda_available": true' "$out" 2>/dev/null && grep -q '"pytest": ' "$out"; then
     tests="${out%.json}-tests.txt"
     mkdir -p "$(dirname "$tests")"
     mapfile -t files < <(cd "$repo" && {

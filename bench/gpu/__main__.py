@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import platform
 import shutil
@@ -155,7 +156,25 @@ def prepare(bench: Bench) -> None:
     watch_recompiles()
 
 
+# What bench/gpu.sh's wheels folder provides and the parts that need it: said before anything
+# runs (here, not in the wrapper: one interpreter importing torch fewer, ~3 s of the budget).
+OPTIONAL = {
+    "torchcodec.decoders": "torchcodec (image decoding: imagenet_jpeg, decode_stages)",
+    "airbench": "airbench (cifar10_fast.airbench94)",
+}
+
+
+def say_missing_packages() -> None:
+    for module, what in OPTIONAL.items():
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - a broken wheel is as missing as an absent one
+            print(f"gpu.sh: {what} is missing ({type(e).__name__}: {e}): make gpu-wheels "
+                  "fetches it into .gpu-wheels (or set GPU_BENCH_WHEELS)", flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
+    say_missing_packages()
     args = parse_args(argv)
     device = pick_device(args.device)
     bench = Bench(args, pick_sizes(args, device), device, args.out)

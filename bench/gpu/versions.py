@@ -24,6 +24,7 @@ def versions(device: torch.device) -> dict:
         "numpy": numpy.__version__,
         "pillow": PIL.__version__,
         "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),  # bench/gpu.sh's GPU tests then run
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "platform": platform.platform(),
         "cpu_count": cpu_count(),
@@ -33,6 +34,10 @@ def versions(device: torch.device) -> dict:
         import triton  # optional
 
         v["triton"] = triton.__version__
+    with contextlib.suppress(Exception):
+        import pytest  # bench/gpu.sh runs the tests marked gpu where it and a GPU are here
+
+        v["pytest"] = pytest.__version__
     if device.type == "cuda":
         v |= gpu_versions(device)
     v["git_sha"], v["git_dirty"] = git_state()

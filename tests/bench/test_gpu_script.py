@@ -215,6 +215,8 @@ def test_smoke_run_writes_every_measurement_without_wandb_or_submitit(tmp_path):
     for key in ("python", "torch", "torchvision", "cuda", "cudnn", "git_sha"):
         assert key in versions, key
     assert versions["torch"].split("+")[0] in done.stdout + json.dumps(versions)
+    # no CUDA here: the wrapper reads that from the results and runs no GPU tests
+    assert versions["cuda_available"] is False and "GPU tests" not in done.stdout
 
     m = result["measurements"]
     assert list(m) == MEASUREMENTS
