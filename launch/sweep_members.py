@@ -50,6 +50,10 @@ COMMAND_VARS = (
 ).split()
 WAIT_POLL_S = 5.0  # squeue asked this often while a submitted array is waited for
 RESULT_GRACE_S = 10.0  # the tasks' result files awaited this long once they left the queue
+# SLURM states of a task ended from outside (scancel, preemption, its time limit, a node):
+# its code wrote no result file, so none is awaited; nor for the engine's exit 75 (stopped
+# with a checkpoint: it leaves submitit's task by SystemExit, which writes no result).
+ENDED_FROM_OUTSIDE = ("CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")  # fmt: skip
 
@@ -518,6 +522,13 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     before its end (make cancel, a preemption not requeued), said in one line: rerunning the
     sweep resumes it."""
     result, log = job.paths.result_pickle, Path(job.paths.stderr)
+    ended = job_end(job.job_id)
+    if (
+        ended.startswith(ENDED_FROM_OUTSIDE)
+        or ended.endswith(f"exit {render.PREEMPTED}")
+        or not log.exists()  # it never started (cancelled while queued): no result coming
+    ):
+        deadline = time.monotonic()
     said = ""
     while not result.exists() and time.monotonic() < deadline:
         said = watch.failure_line({}, [log])
@@ -527,7 +538,6 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     if not result.exists() and (said := said or watch.failure_line({}, [log])):
         return {"exit": 1, "said": said}  # the engine never said (a setup line failed)
     if not result.exists():
-        ended = job_end(job.job_id)
         print(f"launch: sweep {plan.name}: member {name} (job {job.job_id}) ended without "
               f"finishing ({ended}); {plan.rerun} to run it again (from its checkpoint, if any)",
               file=sys.stderr, flush=True)  # fmt: skip
