@@ -86,6 +86,8 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
     if args.report is not None:
         return report_only(args, env)
     plan = make_plan(args, env)
+    if plan.slurm:  # before the engine's checks: a login node without submitit is told at once
+        check.slurm_support()
     if request.is_dry(args, env):
         return dry_run(plan)
     stats.require_scipy()
