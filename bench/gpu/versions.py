@@ -35,7 +35,7 @@ def versions(device: torch.device) -> dict:
 
         v["triton"] = triton.__version__
     with contextlib.suppress(Exception):
-        import pytest  # bench/gpu.sh runs the tests marked gpu where it and a GPU are here
+        import pytest  # optional: bench/gpu.sh runs the tests marked gpu where it is here
 
         v["pytest"] = pytest.__version__
     if device.type == "cuda":

@@ -25,6 +25,9 @@ from torch import nn
 from engine import recipe as contract
 from engine.weights import files, match, sources
 from engine.weights.match import SHOWN
+from engine.weights.rebuild import load_model
+
+__all__ = ["load_model"]  # a run's model in plain PyTorch (the rest is the engine's)
 
 
 def record(path: Path, kind: str, found: match.Match, digest: str, weights: str) -> dict[str, Any]:
