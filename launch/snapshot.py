@@ -13,7 +13,7 @@ job still queued with the earlier snapshot is never changed under it.
 
 The request is frozen the same way: the config the engine resolved at submission (recipe,
 variant or CONFIG file, variables and ARGS) is written read-only to
-`<run dir>/request/<content hash>.yaml`, and the job reads that file alone (`--config FILE
+`<run dir>/request/<content hash>.yaml`, and the job reads that file alone (`--resolved FILE
 run.name=NAME`). A CONFIG file edited, deleted or left on the login node's /tmp after
 `make submit` changes nothing queued; a requeue reads the same file."""
 
