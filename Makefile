@@ -42,17 +42,9 @@ help:
 	"Project:    test | test-fast | test-container | mutants | bench | lint | venv | lock | clean" \
 	"            gpu-wheels | image-digest | help" \
 	"" \
-	"The request: RECIPE [digits]  CONFIG (variant or file)  NODES [1]  GPUS [train: this" \
-	"             machine's; submit, SLURM sweeps: the recipe's slurm.gpus_per_node]" \
-	"             PROCS [1]  ARGS='key=value ...'  IMAGE  DRY_RUN=1  TARGET (train, sweep)" \
-	"SLURM:       PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE" \
-	"             SIGNAL_DELAY_S MAX_REQUEUES ALLOW_CPU MAX_RESTARTS" \
-	"Sweeps:      SEEDS [3]  SWEEP (file)  BASELINE  PARALLEL  WAIT=0 (submit, return)  RUNS  TO" \
-	"Watching:    RUNS  RUN  FOLLOW=1  eval/export: CKPT EMA OUT BEST AVERAGE FORCE" \
-	"Remote:      REMOTE=user@login REMOTE_DIR REMOTE_PYTHON REMOTE_SSH" \
-	"Container:   DOCKER DOCKER_NETWORK BASE_IMAGE CA_BUNDLE PIP_INDEX_URL" \
-	"             PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST" \
-	"" \
+	"Variables (VARIABLE=value; launch/variables.py, the one list):"
+	@$(PYTHON) -m launch.variables
+	@printf '%s\n' "" \
 	"Every setting: python -m engine.train RECIPE --help (each config key, type, default)"
 
 # The venv is rebuilt when it is missing or older than the lock. Everything it says goes to

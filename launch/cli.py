@@ -5,38 +5,8 @@ Every value comes from a flag, else from the environment variable the Makefile e
 from the recipe's config.yaml (`slurm:` and `run.root`), else from a default. Bad input ends in
 one line on stderr that names the problem and the fix, and exit code 2.
 
-Environment (all optional):
-  RECIPE (digits)  CONFIG (a variant of the recipe, e.g. v2: recipes/<recipe>/v2.yaml)  GPUS (1 if a GPU is visible, else 0)  NODES (1)  PROCS (1)  ARGS
-  IMAGE (recipes:<git short sha>)  SIF (recipes.sif)  DRY_RUN (1: print, don't run)  SEEDS (3)
-  TARGET (local; train: local|docker|pyxis|apptainer, sweep: local|submit)
-  NODES=MIN:MAX: an elastic range; the run loses and gains nodes, keeping its batch and order
-  RDZV_ENDPOINT (HOST:PORT of the first node; required when NODES > 1 outside SLURM)
-  MAX_RESTARTS (0, 3 for a node range; torchrun restarts the workers this often after a
-  failure, resuming from the last checkpoint: local, docker and apptainer targets, not
-  SLURM, which requeues)
-  RECIPES_DATA (data root on the host, ./data; /data inside containers)
-  DOCKER (the docker client, default docker)  DOCKER_NETWORK (docker's --network of image
-  builds and docker runs, e.g. host where the daemon has no bridge; default docker's own)
-  BASE_IMAGE (image: the base instead of the Dockerfile's CUDA one)  CA_BUNDLE (image: a CA
-  bundle file for pip in the build)  PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
-  (image: pip's index in the build); CA_BUNDLE and PIP_* reach the build as BuildKit
-  secrets, never in a layer or on the printed line
-  PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S
-  MAX_REQUEUES (SLURM options; over the recipe's `slurm:` section)
-  RECIPES_DIR (where recipes are looked up; default <repo>/recipes)
-  RUNS (report, compare, publish: the run directories, space-separated, when none are given as
-  arguments; a word with * or ? is expanded)
-  SWEEP (sweep: a sweep file: grid, zip, baseline, seeds, name)  BASELINE (sweep, compare:
-  the baseline cell, e.g. 'optim.lr=0.1')  PARALLEL (sweep under SLURM: array tasks at once)
-  CKPT (eval: the checkpoint, run directory, export or weights file to score), EMA (eval: 1
-  scores the averaged weights), OUT (eval: the result's file; default beside CKPT)
-  REMOTE (user@login or ssh://user@host:port: submit, sweep and the watch commands run there
-  over ssh, the code copied first; launch.remote)  REMOTE_DIR (the folder there; required
-  with REMOTE)  REMOTE_PYTHON (.venv/bin/python in REMOTE_DIR)  REMOTE_SSH (ssh -o BatchMode=yes)
-  RUNS (status: run directories or patterns; default every run under runs/<RECIPE or any>/*)
-  RUN (logs, cancel: the run directory)  FOLLOW (logs: 1 follows the log until the run ends)
-  TO (publish: tensorboard[:DIR] or mlflow[:URI]; RUNS as for report)
-  MLFLOW_TRACKING_URI (publish TO=mlflow without a URI: where; else a sqlite file beside the runs)
+The environment variables it reads (the Makefile exports them) are listed once, with their
+meanings and defaults, in launch/variables.py: `python -m launch --help` ends with them.
 """
 
 from __future__ import annotations
@@ -48,6 +18,7 @@ import hashlib
 import os
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -81,19 +52,25 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m launch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the variables' list as written
         description="Render the command for a training request and print it or run it.",
-        epilog="Overrides go last, after --: python -m launch train --gpus 0 -- optim.lr=0.2. "
-        "report RUN_DIR...: a chart and a Markdown summary of the runs, written in their common "
-        "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given). "
-        "sweep: every combination of comma-separated override values x SEEDS, e.g. "
-        "sweep --seeds 3 -- optim.lr=0.05,0.1 run.name=lr; compare RUN_DIR...: runs grouped by "
-        "what differs, each group against the first by Welch's t-test. reproduce (env RECIPE): "
-        "rerun the results recipes/<recipe>/results.yaml records and check them, bit for bit "
-        "on the recorded hardware, else by Welch's t-test. status (env RUNS, "
-        "RECIPE): each run's state, job, step, evaluation and last log line; logs (env RUN, "
-        "FOLLOW=1): its last log lines; cancel (env RUN): stop it with a checkpoint. "
-        "publish RUN_DIR... (env RUNS, TO=tensorboard[:DIR]|mlflow[:URI]): every scalar at its "
-        "step, the config, summary and charts, to TensorBoard or MLflow; again: nothing added.",
+        epilog=textwrap.fill(
+            "Overrides go last, after --: python -m launch train --gpus 0 -- optim.lr=0.2. "
+            "report RUN_DIR...: a chart and a Markdown summary of the runs, written in their common "
+            "parent folder as report-<run names>.png and .md (env RUNS when no RUN_DIR is given). "
+            "sweep: every combination of comma-separated override values x SEEDS, e.g. "
+            "sweep --seeds 3 -- optim.lr=0.05,0.1 run.name=lr; compare RUN_DIR...: runs grouped by "
+            "what differs, each group against the first by Welch's t-test. reproduce (env RECIPE): "
+            "rerun the results recipes/<recipe>/results.yaml records and check them, bit for bit "
+            "on the recorded hardware, else by Welch's t-test. status (env RUNS, "
+            "RECIPE): each run's state, job, step, evaluation and last log line; logs (env RUN, "
+            "FOLLOW=1): its last log lines; cancel (env RUN): stop it with a checkpoint. "
+            "publish RUN_DIR... (env RUNS, TO=tensorboard[:DIR]|mlflow[:URI]): every scalar at its "
+            "step, the config, summary and charts, to TensorBoard or MLflow; again: nothing added.",
+            92,
+        )
+        + "\n\nEnvironment (make's variables; flags above override them):\n"
+        + variables.help_text(),
     )
     p.add_argument("command", choices=COMMANDS)
     p.add_argument("--recipe", help="recipe name (env RECIPE, default digits)")

@@ -64,12 +64,23 @@ def test_the_first_make_config_and_make_sbatch_print_the_artefact_alone(tmp_path
     assert sbatch.stdout.startswith("#!/bin/bash\n") and "pip on stdout" in sbatch.stderr
 
 
-def test_every_request_variable_make_help_names_is_one_launch_knows():
-    """One list of request variables (launch.variables): make help names none it lacks."""
-    shown = set(re.findall(r"\b[A-Z][A-Z0-9_]{1,}\b", make("help").stdout))
-    words = {"TARGET", "VARIABLE", "README", "SLURM"}  # the screen's own words
-    assert shown - words and shown - words <= variables.KNOWN, sorted(shown - variables.KNOWN)
-    assert "submit, SLURM sweeps: the recipe's slurm.gpus_per_node" in make("help").stdout
+def test_the_variables_are_listed_from_one_source_everywhere():
+    """launch.variables writes make help's list, python -m launch --help's and the README's
+    table; docs/config.md's table of SLURM shortcuts names its SLURM group, no more."""
+    assert variables.help_text() in make("help").stdout
+    shown = subprocess.run([sys.executable, "-m", "launch", "--help"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert shown.endswith(variables.help_text())
+    readme = (REPO / "README.md").read_text()
+    assert variables.markdown_table() in readme, "python -m launch.variables --markdown"
+    config = (REPO / "docs" / "config.md").read_text()
+    shortcuts = set(re.findall(r"^\| `([A-Z_]+)` \| `slurm\.", config, re.M))
+    slurm = {n for v in variables.SLURM for n in v.names}
+    request = {n for v in variables.REQUEST for n in v.names}  # GPUS, NODES: slurm.* too
+    assert slurm <= shortcuts and shortcuts - slurm <= request, sorted(shortcuts ^ slurm)
+    assert (
+        "GPUS: GPUs per node; 0 = CPU [make train: 1 if a GPU is visible" in variables.help_text()
+    )
 
 
 @pytest.mark.parametrize(("given", "meant"), [("NODE=2", "NODES"), ("PARTITON=gpu", "PARTITION")])
