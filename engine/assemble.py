@@ -213,9 +213,16 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     if strategy.shards and decided.denv.is_main:
         log(P.describe_mesh(cfg.dist, decided.denv.world_size))
     wrapped, eval_model = P.wrap(
-        model, P.recipe_blocks(recipe, model, cfg), cfg, strategy, decided.denv, device,
-        decided.plan.accum_steps if decided.plan else 1, decided.dtype, recipe.parallelize,
-    )  # fmt: skip
+        model,
+        P.recipe_blocks(recipe, model, cfg),
+        cfg,
+        strategy,
+        decided.denv,
+        device,
+        decided.plan.accum_steps if decided.plan else 1,
+        decided.dtype,
+        recipe.parallelize,
+    )
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
         weights.initialise(model, recipe, cfg.model, cfg.seed, storage)

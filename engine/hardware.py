@@ -93,8 +93,10 @@ def nvidia_smi_driver() -> str | None:
     try:
         out = subprocess.run(
             [program, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     lines = out.stdout.split()

@@ -25,7 +25,7 @@ from typing import NoReturn
 
 from engine.config import description
 from engine.rundir import run_config_of
-from launch import check, remote, render, request, snapshot, variables, watch
+from launch import check, logs, remote, render, request, snapshot, variables, watch
 from launch.analysis import compare, publish, report, reproduce, sweep
 from launch.errors import UserError, printable
 from launch.render import LaunchRequest
@@ -342,7 +342,7 @@ def cmd_reproduce(args: argparse.Namespace, env: Mapping[str, str], argv: list[s
 
 
 def cmd_watch(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:
-    return watch.main(args, env)
+    return logs.main(args, env)
 
 
 def cmd_recipes(args: argparse.Namespace, env: Mapping[str, str], argv: list[str]) -> int:

@@ -378,8 +378,10 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         show = lambda v: "not swept" if v is None else ",".join("/".join(p) for p in v)  # noqa: E731
         said.append(f"{name} was {show(before)}, now {show(after)}")
     if old.get("fixed") != new.get("fixed"):
-        said.append(f"the fixed overrides were {' '.join(old.get('fixed', [])) or 'none'}, "
-                    f"now {' '.join(new.get('fixed', [])) or 'none'}")  # fmt: skip
+        said.append(
+            f"the fixed overrides were {' '.join(old.get('fixed', [])) or 'none'}, "
+            f"now {' '.join(new.get('fixed', [])) or 'none'}"
+        )
     if old.get("baseline") != new.get("baseline") and not said:
         said.append(f"the baseline was {old.get('baseline')}, now {new.get('baseline')}")
     for key in ("recipe", "config"):

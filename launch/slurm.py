@@ -254,8 +254,12 @@ def partition_nodes(partition: str | None) -> tuple[str, dict[str, tuple[int, in
     None: the default one); None where sinfo cannot say (not here, no answer): nothing to
     check."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %c %m %G"], capture_output=True,
-                             text=True, timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %P %c %m %G"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -291,33 +295,43 @@ def check_fits(req: LaunchRequest) -> None:
         return
     name, nodes = found
     if req.most_nodes > len(nodes):
-        raise UserError(f"NODES={req.most_nodes} but partition {name} has {len(nodes)} "
-                        f"node(s); ask for at most {len(nodes)}, or another PARTITION "
-                        f"({LIMITS}); nothing was queued")  # fmt: skip
+        raise UserError(
+            f"NODES={req.most_nodes} but partition {name} has {len(nodes)} "
+            f"node(s); ask for at most {len(nodes)}, or another PARTITION "
+            f"({LIMITS}); nothing was queued"
+        )
     check_gpus_fit(req, name, max(g for *_, g in nodes.values()))
     cpus = (req.slurm.cpus_per_task or 1) * req.procs_per_node
     most_cpus = max(c for c, *_ in nodes.values())
     if cpus > most_cpus:
-        raise UserError(f"{req.procs_per_node} task(s) per node x CPUS_PER_TASK="
-                        f"{req.slurm.cpus_per_task or 1} need {cpus} CPUs on a node, but the "
-                        f"largest node of partition {name} has {most_cpus} ({LIMITS}); "
-                        "nothing was queued")  # fmt: skip
+        raise UserError(
+            f"{req.procs_per_node} task(s) per node x CPUS_PER_TASK="
+            f"{req.slurm.cpus_per_task or 1} need {cpus} CPUs on a node, but the "
+            f"largest node of partition {name} has {most_cpus} ({LIMITS}); "
+            "nothing was queued"
+        )
     most_mb = max(m for _, m, _ in nodes.values())
     if req.slurm.mem_gb and req.slurm.mem_gb * 1024 > most_mb:
-        raise UserError(f"MEM_GB={req.slurm.mem_gb} but the largest node of partition {name} "
-                        f"has {most_mb} MB of memory ({LIMITS}); nothing was queued")  # fmt: skip
+        raise UserError(
+            f"MEM_GB={req.slurm.mem_gb} but the largest node of partition {name} "
+            f"has {most_mb} MB of memory ({LIMITS}); nothing was queued"
+        )
 
 
 def check_gpus_fit(req: LaunchRequest, name: str, most_gpus: int) -> None:
     if not req.gpus or req.gpus <= most_gpus:
         return
     if most_gpus == 0:
-        raise UserError(f"GPUS={req.gpus} but partition {name} has no GPUs (no node lists a "
-                        f"gpu GRES: {LIMITS}); ask for a PARTITION with GPUs, or run on CPUs "
-                        "with GPUS=0 ALLOW_CPU=1; nothing was queued")  # fmt: skip
-    raise UserError(f"GPUS={req.gpus} but the largest node of partition {name} has {most_gpus} "
-                    f"GPU(s); ask for at most {most_gpus} per node and more NODES ({LIMITS}); "
-                    "nothing was queued")  # fmt: skip
+        raise UserError(
+            f"GPUS={req.gpus} but partition {name} has no GPUs (no node lists a "
+            f"gpu GRES: {LIMITS}); ask for a PARTITION with GPUs, or run on CPUs "
+            "with GPUS=0 ALLOW_CPU=1; nothing was queued"
+        )
+    raise UserError(
+        f"GPUS={req.gpus} but the largest node of partition {name} has {most_gpus} "
+        f"GPU(s); ask for at most {most_gpus} per node and more NODES ({LIMITS}); "
+        "nothing was queued"
+    )
 
 
 class Undo:

@@ -1,5 +1,6 @@
-"""A sweep's members: every cell of a grid (launch.grid) times seeds 0..N-1, planned, recorded
-and run; the report that judges the cells is launch.analysis.sweep's, which drives this module.
+"""A sweep's members: every cell of a grid (launch.grid) times seeds 0..N-1, planned
+(launch.sweep_plan), recorded and run; the report that judges the cells is
+launch.analysis.sweep's, which drives this module.
 
     make sweep ARGS="optim.lr=0.05,0.1,0.2 mix.mixup_alpha=0,0.2 run.name=lr" SEEDS=3
     make sweep SWEEP=sweeps/lr.yaml TARGET=submit PARALLEL=4
@@ -18,7 +19,6 @@ is refused in one line naming the difference.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fcntl
 import json
@@ -30,19 +30,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine import rundir
 from engine.redact import redact
-from engine.rundir import decide_run_dir
 from launch import check, grid, render, request, snapshot, watch
 from launch.errors import UserError
 from launch.render import LaunchRequest
 from launch.runs import FINISHED, Member, read_json
+from launch.sweep_plan import MANIFEST, Plan, Planned
 
-MANIFEST = "sweep.json"
 # The request variables a sweep's command is rebuilt from (report.json's "command").
 COMMAND_VARS = (
     "RECIPE CONFIG SWEEP SEEDS BASELINE GPUS NODES PROCS TARGET PARALLEL PARTITION ACCOUNT "
@@ -54,121 +53,19 @@ RESULT_GRACE_S = 10.0  # the tasks' result files awaited this long once they lef
 # its code wrote no result file, so none is awaited; nor for the engine's exit 75 (stopped
 # with a checkpoint: it leaves submitit's task by SystemExit, which writes no result).
 ENDED_FROM_OUTSIDE = ("CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
-LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
-               "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")  # fmt: skip
-
-
-@dataclass
-class Planned:
-    """A member: its cell, seed and the request that runs it."""
-
-    cell: grid.Cell
-    seed: int
-    req: LaunchRequest
-
-
-@dataclass
-class Plan:
-    req: LaunchRequest  # the sweep's own: run_name is the sweep's name
-    grid: grid.Grid
-    seeds: int
-    parallel: int | None
-    slurm: bool
-    folder: Path  # <run root>/<recipe>/<name>-sweep
-    members: list[Planned]
-    named: bool = True  # False: the name was made up for this launch
-
-    @property
-    def rerun(self) -> str:
-        """How to go on with this sweep: the same command, naming the sweep if it did not."""
-        if self.named:
-            return "rerun the same command"
-        return f"rerun the same command with run.name={self.name} in ARGS"
-
-    @property
-    def name(self) -> str:
-        return self.req.run_name
-
-    def identity(self) -> dict[str, Any]:
-        return {**self.grid.identity(), "recipe": self.req.recipe, "config": self.req.variant}
-
-
-# ---------------------------------------------------------------- the plan
-
-
-def report_dir(src: str, run_root: str, recipe: str, base: str) -> Path:
-    """A sweep's folder sits beside its members' run directories (the same rule)."""
-    return Path(src) / decide_run_dir(run_root, recipe, f"{base}-sweep")
-
-
-def pick_int(args_value, flag: str, env: Mapping[str, str], var: str, fix: str) -> int | None:
-    picked = request.pick(args_value, flag, env, var)
-    return request.whole(*picked, 1, fix) if picked else None
-
-
-def sweep_name(req: LaunchRequest, the_grid: grid.Grid, given: str | None) -> str:
-    """ARGS' run.name, else the sweep file's name:, else a new time-stamped name."""
-    if the_grid.name is not None:
-        if not request.RUN_NAME.fullmatch(the_grid.name):
-            raise UserError(
-                f"SWEEP: name: {the_grid.name!r} is not a run name (letters, digits, . _ -)"
-            )
-        if given is not None and given != the_grid.name:
-            raise UserError(
-                f"run.name={given} but the sweep file names the sweep {the_grid.name}; give one"
-            )
-        return check_length(the_grid.name)
-    return check_length(given or req.run_name)
-
-
-def check_length(name: str) -> str:
-    if len(name) > grid.MAX_NAME:
-        raise UserError(
-            f"the sweep's name is {len(name)} characters ({name[:40]}...); give a run.name of "
-            f"at most {grid.MAX_NAME}"
-        )
-    return name
-
-
-def recorded_seeds(folder: Path) -> int | None:
-    old = read_json(folder / MANIFEST, [])
-    return old.get("seeds") if old and isinstance(old.get("seeds"), int) else None
-
-
-def members(req: LaunchRequest, the_grid: grid.Grid, seeds: int) -> list[Planned]:
-    """Seed-major: every cell's seed 0, then every cell's seed 1, ..."""
-    planned = []
-    for seed in range(seeds):
-        for cell in the_grid.cells:
-            name = grid.member_name(req.run_name, cell, seed)
-            overrides = (*the_grid.fixed, *cell.overrides, f"seed={seed}")
-            planned.append(Planned(cell, seed, replace(req, run_name=name, overrides=overrides)))
-    return planned
-
-
-def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
-    asked = request.Asked.of(args, env)
-    use_slurm = args.slurm or asked.target_or_local()[1] == "submit"
-    req = request.resolve(asked, target="submit" if use_slurm else "local")
-    own = tuple(o for o in req.overrides if o.partition("=")[0] not in ("seed", "run.name"))
-    sweep_file = args.sweep or env.get("SWEEP") or None
-    the_grid = grid.build(own, sweep_file, args.baseline or env.get("BASELINE") or None)
-    given = request.run_name(req.overrides)
-    name = sweep_name(req, the_grid, given)
-    req = replace(req, run_name=name, overrides=own)
-    folder = report_dir(req.src, req.run_root, req.recipe, name)
-    seeds = pick_int(args.seeds, "--seeds", env, "SEEDS", "use e.g. SEEDS=5")
-    seeds = seeds or the_grid.seeds or recorded_seeds(folder) or 3
-    parallel = pick_int(args.parallel, "--parallel", env, "PARALLEL", "use e.g. PARALLEL=4")
-    if parallel and not use_slurm:
-        raise UserError(
-            f"PARALLEL={parallel} limits a SLURM job array (TARGET=submit); a local sweep runs "
-            "one member at a time"
-        )
-    parallel = parallel or the_grid.parallel
-    named = the_grid.name is not None or given is not None
-    planned = members(req, the_grid, seeds)
-    return Plan(req, the_grid, seeds, parallel, use_slurm, folder, planned, named)
+LIVE_STATES = (
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+)
 
 
 # ---------------------------------------------------------------- sweep.json
@@ -190,8 +87,13 @@ def command(env: Mapping[str, str], argv: list[str]) -> dict[str, Any]:
 def grid_text(the_grid: grid.Grid) -> dict[str, Any]:
     """The grid as a person reads it: key: [values], zipped keys joined by '+'."""
     axes = {"+".join(a.keys): ["/".join(p) for p in a.points] for a in the_grid.axes}
-    return {"axes": axes, "fixed": list(the_grid.fixed), "baseline": dict(the_grid.baseline),
-            "cells": [c.name or "(seeds only)" for c in the_grid.cells], "file": the_grid.source or None}  # fmt: skip
+    return {
+        "axes": axes,
+        "fixed": list(the_grid.fixed),
+        "baseline": dict(the_grid.baseline),
+        "cells": [c.name or "(seeds only)" for c in the_grid.cells],
+        "file": the_grid.source or None,
+    }
 
 
 def load_manifest(plan: Plan) -> dict[str, Any]:
@@ -402,8 +304,14 @@ def run_member(planned: Planned, log: Path, stop: Stop, environ: Mapping[str, st
     print(f"+ {render.shell_join(argv)}", file=sys.stderr, flush=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as kept:
-        child = subprocess.Popen(argv, cwd=request.ROOT, env={**os.environ, **environ},
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)  # fmt: skip
+        child = subprocess.Popen(
+            argv,
+            cwd=request.ROOT,
+            env={**os.environ, **environ},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
         stop.child = child
         for line in child.stdout:
             kept.write(line)
@@ -501,16 +409,24 @@ def wait_for_array(plan: Plan, reqs: list[LaunchRequest], jobs: list[Any]) -> se
         found = queue_states({name: {"job": job} for job, name in waiting.items()})
         live = None if found is None else set(found)
         if live is None and not warned:
-            print(f"launch: warning: sweep {plan.name}: squeue cannot say which members are "
-                  "still queued or running; asking again every "
-                  f"{WAIT_POLL_S:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"launch: warning: sweep {plan.name}: squeue cannot say which members are "
+                "still queued or running; asking again every "
+                f"{WAIT_POLL_S:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             warned = True
         if live is not None:
             waiting = {job: name for job, name in waiting.items() if job in live}
         for job in held_of(found) & waiting.keys():
             held.add(job)
-            print(f"launch: sweep {plan.name}: member {waiting.pop(job)} (job {job}) is held: "
-                  f"scontrol release {job} starts it again", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"launch: sweep {plan.name}: member {waiting.pop(job)} (job {job}) is held: "
+                f"scontrol release {job} starts it again",
+                file=sys.stderr,
+                flush=True,
+            )
         if waiting:
             time.sleep(WAIT_POLL_S)
     return held
@@ -538,9 +454,12 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
     if not result.exists() and (said := said or watch.failure_line({}, [log])):
         return {"exit": 1, "said": said}  # the engine never said (a setup line failed)
     if not result.exists():
-        print(f"launch: sweep {plan.name}: member {name} (job {job.job_id}) ended without "
-              f"finishing ({ended}); {plan.rerun} to run it again (from its checkpoint, if any)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"launch: sweep {plan.name}: member {name} (job {job.job_id}) ended without "
+            f"finishing ({ended}); {plan.rerun} to run it again (from its checkpoint, if any)",
+            file=sys.stderr,
+            flush=True,
+        )
         return {"stopped": ended}
     try:
         job.result()
@@ -553,8 +472,9 @@ def task_outcome(plan: Plan, name: str, job: Any, deadline: float) -> dict[str, 
 def job_end(job_id: str) -> str:
     """`JobState, exit N` as scontrol still tells it, else that it no longer knows."""
     try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                             text=True, timeout=30).stdout  # fmt: skip
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
     state = re.search(r"JobState=(\S+)", out)
@@ -579,8 +499,11 @@ def outcome(plan: Plan, found: list[Member]) -> int:
     said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     failure = next((m for m in left if m.status in ("failed", "held") and m.last_line), None)
     why = f"; {failure.name}: {failure.last_line}; fix that, then" if failure else ";"
-    print(f"launch: sweep {plan.name}: {len(found) - len(left)} of {len(found)} members finished "
-          f"({said}){why} {plan.rerun} to run the rest", file=sys.stderr)  # fmt: skip
+    print(
+        f"launch: sweep {plan.name}: {len(found) - len(left)} of {len(found)} members finished "
+        f"({said}){why} {plan.rerun} to run the rest",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -693,20 +616,3 @@ def launch_members(
     elif todo:
         stopped = run_local(plan, todo, record, group_environ(plan.name))
     return record, stopped
-
-
-def replay(record: Mapping[str, Any], req: LaunchRequest, folder: Path) -> Plan:
-    """The plan a sweep.json records (its grid rebuilt from the identity)."""
-    ident = record.get("identity") or {}
-    axes = tuple(
-        grid.Axis(tuple(a["keys"]), tuple(tuple(p) for p in a["values"]))
-        for a in ident.get("axes", [])
-    )
-    cells = grid.build_cells(axes, str(folder / MANIFEST))
-    baseline = tuple((ident.get("baseline") or {}).items()) or cells[0].settings
-    the_grid = grid.Grid(axes, tuple(ident.get("fixed", [])), baseline, cells=cells)
-    base = replace(req, run_name=record["sweep"], overrides=tuple(ident.get("fixed", [])))
-    seeds = int(record.get("seeds") or 1)
-    return Plan(
-        base, the_grid, seeds, record.get("parallel"), False, folder, members(base, the_grid, seeds)
-    )

@@ -37,80 +37,162 @@ def var(names: str, meaning: str, default: str = "") -> Variable:
 # The request: what is trained, where, and how many.
 REQUEST = (
     var("RECIPE", "a folder of `recipes/`", "`digits`"),
-    var("CONFIG", "a variant of the recipe (`recipes/<recipe>/<CONFIG>.yaml`), or a config "
-        "file such as a run's saved `config.yaml`", "none: `config.yaml`"),
-    var("GPUS", "GPUs per node; `0` = CPU", "`make train`: 1 if a GPU is visible, else 0; "
-        "`make submit` and SLURM sweeps: the recipe's `slurm.gpus_per_node`"),
-    var("NODES", "nodes; `MIN:MAX` an elastic range "
+    var(
+        "CONFIG",
+        "a variant of the recipe (`recipes/<recipe>/<CONFIG>.yaml`), or a config "
+        "file such as a run's saved `config.yaml`",
+        "none: `config.yaml`",
+    ),
+    var(
+        "GPUS",
+        "GPUs per node; `0` = CPU",
+        "`make train`: 1 if a GPU is visible, else 0; "
+        "`make submit` and SLURM sweeps: the recipe's `slurm.gpus_per_node`",
+    ),
+    var(
+        "NODES",
+        "nodes; `MIN:MAX` an elastic range "
         "([Elastic](docs/distributed.md#elastic-lose-a-node-keep-training))",
-        "1; under SLURM the recipe's `slurm.nodes`"),
+        "1; under SLURM the recipe's `slurm.nodes`",
+    ),
     var("PROCS", "processes per node when `GPUS=0`", "1"),
     var("ARGS", 'config overrides, `ARGS="optim.lr=0.2 train.epochs=5"`'),
-    var("RDZV_ENDPOINT", "`HOST:PORT` of the first node, for `NODES>1` outside SLURM "
-        "(one run name for all: `ARGS=run.name=NAME`)", "required then"),
-    var("MAX_RESTARTS", "torchrun restarts the workers this often after a failure, from the "
-        "last checkpoint (not under SLURM, which requeues)", "0; 3 for a node range"),
-    var("TARGET", "where `make train` runs (`local`, `docker`, `pyxis`, `apptainer`) and "
-        "`make sweep` (`local`, `submit`)", "`local`"),
+    var(
+        "RDZV_ENDPOINT",
+        "`HOST:PORT` of the first node, for `NODES>1` outside SLURM "
+        "(one run name for all: `ARGS=run.name=NAME`)",
+        "required then",
+    ),
+    var(
+        "MAX_RESTARTS",
+        "torchrun restarts the workers this often after a failure, from the "
+        "last checkpoint (not under SLURM, which requeues)",
+        "0; 3 for a node range",
+    ),
+    var(
+        "TARGET",
+        "where `make train` runs (`local`, `docker`, `pyxis`, `apptainer`) and "
+        "`make sweep` (`local`, `submit`)",
+        "`local`",
+    ),
     var("DRY_RUN", "`1`: print the command instead of running it"),
     var("ALLOW_CPU", "`1`: submit with `GPUS=0` a recipe that declares GPUs", "refused"),
-    var("RECIPES_DATA", "the data's root on this machine (`data.root` is "
-        "`$RECIPES_DATA/<recipe>`)", "`data/` in the checkout; `/data` in the container"),
+    var(
+        "RECIPES_DATA",
+        "the data's root on this machine (`data.root` is `$RECIPES_DATA/<recipe>`)",
+        "`data/` in the checkout; `/data` in the container",
+    ),
     var("RECIPES_DIR", "where recipes are looked up", "`recipes/` in the checkout"),
-)  # fmt: skip
+)
 # SLURM's shortcuts for slurm.* keys (launch.request.SLURM_FLAGS; docs/config.md's table).
 SLURM = (
-    var("PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S "
-        "MAX_REQUEUES", "under SLURM: each sets one `slurm.*` key "
+    var(
+        "PARTITION ACCOUNT QOS TIME_MIN CPUS_PER_TASK MEM_GB CONSTRAINT EXCLUDE SIGNAL_DELAY_S "
+        "MAX_REQUEUES",
+        "under SLURM: each sets one `slurm.*` key "
         "([the table](docs/config.md#one-name-per-setting-config-keys-and-their-shortcuts))",
-        "the recipe's `slurm:` section"),
-)  # fmt: skip
+        "the recipe's `slurm:` section",
+    ),
+)
 # Sweeps, comparisons, reports, watching, evaluation and export.
 ANALYSIS = (
     var("SEEDS", "`make sweep`: seeds 0..N-1 per cell", "3 (a rerun: the sweep's own)"),
     var("SWEEP", "`make sweep`: a sweep file (`grid:`, `zip:`, `baseline:`, `seeds:`, `name:`)"),
-    var("BASELINE", "`make sweep`, `make compare`: the cell the others are compared with, "
-        '`BASELINE="optim.lr=0.1"`', "the first cell (the first run's group)"),
+    var(
+        "BASELINE",
+        "`make sweep`, `make compare`: the cell the others are compared with, "
+        '`BASELINE="optim.lr=0.1"`',
+        "the first cell (the first run's group)",
+    ),
     var("PARALLEL", "`make sweep TARGET=submit`: at most N array tasks at once", "every task"),
-    var("WAIT", "`0`: `make sweep TARGET=submit` submits the array and returns (a rerun "
-        "reports it)", "wait until it ends"),
-    var("RUNS", "`make status`, `report`, `compare`, `publish`: run directories or patterns",
-        "status: every run under `runs/`"),
-    var("RUN FOLLOW", "`make logs`, `make cancel`: the run directory; `FOLLOW=1`: the log "
-        "until the run ends"),
-    var("TO MLFLOW_TRACKING_URI", "`make publish`: `tensorboard[:DIR]` or `mlflow[:URI]`; "
-        "MLflow's URI when `TO=mlflow` names none", "a sqlite file beside the runs"),
-    var("CKPT EMA OUT", "`make eval`, `make export`: the checkpoint, run directory, export or "
-        "weights file; `EMA=1` its averaged weights; the file written"),
-    var("BEST AVERAGE FORCE", "`make export`: `1` for the run's best checkpoint, the mean of "
-        "its best, an existing `OUT` replaced"),
-)  # fmt: skip
+    var(
+        "WAIT",
+        "`0`: `make sweep TARGET=submit` submits the array and returns (a rerun reports it)",
+        "wait until it ends",
+    ),
+    var(
+        "RUNS",
+        "`make status`, `report`, `compare`, `publish`: run directories or patterns",
+        "status: every run under `runs/`",
+    ),
+    var(
+        "RUN FOLLOW",
+        "`make logs`, `make cancel`: the run directory; `FOLLOW=1`: the log until the run ends",
+    ),
+    var(
+        "TO MLFLOW_TRACKING_URI",
+        "`make publish`: `tensorboard[:DIR]` or `mlflow[:URI]`; "
+        "MLflow's URI when `TO=mlflow` names none",
+        "a sqlite file beside the runs",
+    ),
+    var(
+        "CKPT EMA OUT",
+        "`make eval`, `make export`: the checkpoint, run directory, export or "
+        "weights file; `EMA=1` its averaged weights; the file written",
+    ),
+    var(
+        "BEST AVERAGE FORCE",
+        "`make export`: `1` for the run's best checkpoint, the mean of "
+        "its best, an existing `OUT` replaced",
+    ),
+)
 # Another machine, and the container.
 REMOTE = (
-    var("REMOTE REMOTE_DIR", "`make submit`, `make sweep TARGET=submit` and the watch commands "
+    var(
+        "REMOTE REMOTE_DIR",
+        "`make submit`, `make sweep TARGET=submit` and the watch commands "
         "run on that login node over ssh, the code copied there first "
-        "([From your laptop](docs/slurm.md#from-your-laptop-remote))", "unset: here"),
-    var("REMOTE_PYTHON REMOTE_SSH", "with `REMOTE`: the Python there; the ssh command",
-        "`.venv/bin/python`; `ssh -o BatchMode=yes`"),
-)  # fmt: skip
+        "([From your laptop](docs/slurm.md#from-your-laptop-remote))",
+        "unset: here",
+    ),
+    var(
+        "REMOTE_PYTHON REMOTE_SSH",
+        "with `REMOTE`: the Python there; the ssh command",
+        "`.venv/bin/python`; `ssh -o BatchMode=yes`",
+    ),
+)
 CONTAINER = (
-    var("IMAGE SIF", "container image; apptainer's image file", "`recipes:<git short sha>`; "
-        "`recipes.sif`"),
-    var("DOCKER_NETWORK DOCKER", "docker's `--network` for `make image` and `make "
+    var(
+        "IMAGE SIF",
+        "container image; apptainer's image file",
+        "`recipes:<git short sha>`; `recipes.sif`",
+    ),
+    var(
+        "DOCKER_NETWORK DOCKER",
+        "docker's `--network` for `make image` and `make "
         "docker-train` (`host` where dockerd runs without a bridge); the docker client",
-        "docker's default; `docker`"),
-    var("BASE_IMAGE", "`make image`: another base than the CUDA one (e.g. "
-        "`docker/debootstrap-base.sh`'s Debian bookworm)", "the Dockerfile's"),
-    var("CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST", "`make image` behind a "
+        "docker's default; `docker`",
+    ),
+    var(
+        "BASE_IMAGE",
+        "`make image`: another base than the CUDA one (e.g. "
+        "`docker/debootstrap-base.sh`'s Debian bookworm)",
+        "the Dockerfile's",
+    ),
+    var(
+        "CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST",
+        "`make image` behind a "
         "proxy: pip's CA bundle and index in the build, as BuildKit secrets (never in a layer; "
         "a credential never printed) ([docs/container.md](docs/container.md#behind-a-proxy-a-"
-        "ca-bundle-and-a-package-index))"),
-)  # fmt: skip
+        "ca-bundle-and-a-package-index))",
+    ),
+)
 USER = REQUEST + SLURM + ANALYSIS + REMOTE + CONTAINER
 # The Makefile's own: the project's targets (test, lint, mutants, gpu-wheels).
-MAKEFILE = ("PYTHON", "TEST_WORKERS", "PLANTS", "VENV", "PY", "STAMP", "XDIST",
-            "TORCHCODEC_INDEX", "LINT_PY", "LINT_DOCKERFILES", "LINT_WORKFLOWS",
-            "LINT_IMPORTS_ROOT")  # fmt: skip
+MAKEFILE = (
+    "PYTHON",
+    "TEST_WORKERS",
+    "PLANTS",
+    "VENV",
+    "PY",
+    "STAMP",
+    "XDIST",
+    "TORCHCODEC_INDEX",
+    "LINT_PY",
+    "LINT_DOCKERFILES",
+    "LINT_WORKFLOWS",
+    "LINT_IMPORTS_ROOT",
+)
 KNOWN = frozenset(name for v in USER for name in v.names) | frozenset(MAKEFILE)
 
 ASSIGNMENT = re.compile(r"([A-Z][A-Z0-9_]*)=")
@@ -161,8 +243,9 @@ def help_text(width: int = 92) -> str:
     lines = []
     for v in USER:
         default = f" [{plain(v.default)}]" if v.default else ""
-        lines += textwrap.wrap(f"{' '.join(v.names)}: {plain(v.meaning)}{default}", width,
-                               subsequent_indent="    ")  # fmt: skip
+        lines += textwrap.wrap(
+            f"{' '.join(v.names)}: {plain(v.meaning)}{default}", width, subsequent_indent="    "
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
-"""`make status`, `make logs RUN=...`, `make cancel RUN=...`: runs watched and stopped without
-squeue, tail -f or a job id copied from a log.
+"""`make status`, `make cancel RUN=...` (and `make logs RUN=...`, launch.logs): runs watched
+and stopped without squeue, tail -f or a job id copied from a log.
 
 What a run is doing is read from its folder and, for a SLURM job, from SLURM:
 
@@ -17,7 +17,6 @@ What a run is doing is read from its folder and, for a SLURM job, from SLURM:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -61,7 +60,6 @@ FROZEN_REQUEST = rundir.REQUEST_FOLDER  # launch.snapshot's folder of a run's fr
 LAST_LINE_WIDTH = 100
 PREPARED_NOTE = "sbatch FILE submits it"
 TAIL_LINES = 20
-POLL_S = 0.5
 
 
 # ---------------------------------------------------------------- SLURM
@@ -173,8 +171,12 @@ def record_submission(run: Path, job: Any, frozen: str = "") -> None:
     """SUBMITTED in the run directory, for a submitit job (an array task's id is
     <array>_<task>), with the frozen request it reads (launch.snapshot: the run's request
     until it starts and saves config.yaml)."""
-    facts = {"job": str(job.job_id), "stdout": str(job.paths.stdout),
-             "stderr": str(job.paths.stderr), "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    facts = {
+        "job": str(job.job_id),
+        "stdout": str(job.paths.stdout),
+        "stderr": str(job.paths.stderr),
+        "submitted": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if frozen:
         facts["request"] = frozen
     run.mkdir(parents=True, exist_ok=True)
@@ -473,8 +475,15 @@ def looks_like_run(path: Path) -> bool:
     """A run's folder (a sweep's folder, beside its members, holds sweep.json instead)."""
     if not path.is_dir() or (path / "sweep.json").exists():
         return False
-    marks = ("metrics.jsonl", "config.yaml", rundir.LOCK_NAME, rundir.STATE_NAME, "slurm",
-             SUBMITTED, FROZEN_REQUEST)  # fmt: skip
+    marks = (
+        "metrics.jsonl",
+        "config.yaml",
+        rundir.LOCK_NAME,
+        rundir.STATE_NAME,
+        "slurm",
+        SUBMITTED,
+        FROZEN_REQUEST,
+    )
     return any((path / mark).exists() for mark in marks)
 
 
@@ -524,83 +533,6 @@ def status_main(env: Mapping[str, str]) -> int:
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return 0
-
-
-def logs_main(env: Mapping[str, str]) -> int:
-    text = one_run(env, "logs")
-    run, slurm = Path(text), Slurm()
-    status = status_of(text, slurm)
-    files = log_files(run, status.job)
-    follow = env.get("FOLLOW", "") not in ("", "0")
-    if not files and not follow:
-        print(f"{text}: no log yet ({status.state}); a run logs to {rundir.LOG_NAME} or slurm/")
-        return 0
-    offsets = show_tails(files, TAIL_LINES)
-    if follow:
-        follow_logs(text, slurm, offsets)
-    return 0
-
-
-def show_tails(files: list[Path], count: int) -> dict[Path, int]:
-    """Each file's last lines under a `==> file <==` header (as tail prints several);
-    returns where each file ended, for following."""
-    offsets = {}
-    for path in files:
-        if len(files) > 1:
-            print(f"==> {path} <==")
-        for line in last_lines(path, count):
-            print(printable(line))
-        offsets[path] = size_of(path)
-    sys.stdout.flush()
-    return offsets
-
-
-def size_of(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def follow_logs(text: str, slurm: Slurm, offsets: dict[Path, int]) -> None:
-    """New lines as they come, from every file of the run's latest job (a requeue or a task
-    file that appears later too), until the run is no longer queued or running."""
-    run, shown = Path(text), None
-    live, checked, job = True, 0.0, ""
-    while True:
-        if time.monotonic() - checked > 2.0:
-            status, checked = status_of(text, slurm), time.monotonic()
-            live = status.state in LIVE
-        else:
-            status = None
-        job = status.job if status else job
-        for path in log_files(run, job):
-            shown = print_new(path, offsets, shown, multiple=len(offsets) > 1)
-        if not live:
-            return
-        time.sleep(POLL_S)
-
-
-def print_new(path: Path, offsets: dict[Path, int], shown: Path | None, multiple: bool):
-    """The complete lines written to `path` since its offset; returns the file shown last."""
-    start = offsets.setdefault(path, 0)
-    try:
-        with path.open("rb") as f:
-            f.seek(start)
-            data = f.read()
-    except OSError:
-        return shown
-    end = data.rfind(b"\n") + 1
-    if end == 0:
-        return shown
-    offsets[path] = start + end
-    if multiple and shown != path:
-        print(f"==> {path} <==")
-    for line in data[:end].decode(errors="replace").replace("\r", "\n").split("\n"):
-        if line.strip():
-            print(printable(line))
-    sys.stdout.flush()
-    return path
 
 
 def cancel_main(env: Mapping[str, str]) -> int:
@@ -664,12 +596,3 @@ def cancel_local(run: Path, status: Status) -> int:
         f"exits; make status RUNS={run} will say stopped"
     )
     return 0
-
-
-def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    if args.overrides:
-        raise UserError(
-            f"{args.command} takes no arguments ({args.overrides[0]!r}); "
-            f"use {'RUNS=' if args.command == 'status' else 'RUN='}"
-        )
-    return {"status": status_main, "logs": logs_main, "cancel": cancel_main}[args.command](env)

@@ -169,8 +169,11 @@ def say_missing_packages() -> None:
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - a broken wheel is as missing as an absent one
-            print(f"gpu.sh: {what} is missing ({type(e).__name__}: {e}): make gpu-wheels "
-                  "fetches it into .gpu-wheels (or set GPU_BENCH_WHEELS)", flush=True)  # fmt: skip
+            print(
+                f"gpu.sh: {what} is missing ({type(e).__name__}: {e}): make gpu-wheels "
+                "fetches it into .gpu-wheels (or set GPU_BENCH_WHEELS)",
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,9 +31,12 @@ def tensor_parallel(bench: Bench) -> dict:
     results = {}
     for name, overrides in LAYOUTS.items():
         results[name] = attempt(
-            bench, f"tensor_parallel.{name}", f"(g) tensor parallel {name}",
-            lambda o=overrides, n=name: one_layout(bench, n, o), need_s=40,
-        )  # fmt: skip
+            bench,
+            f"tensor_parallel.{name}",
+            f"(g) tensor parallel {name}",
+            lambda o=overrides, n=name: one_layout(bench, n, o),
+            need_s=40,
+        )
     speeds = [results[n].get("tokens_per_s") for n in LAYOUTS]
     if all(speeds):
         return {"tp2_over_tp1": round(speeds[1] / speeds[0], 3)}
@@ -45,13 +48,29 @@ def one_layout(bench: Bench, name: str, overrides: list[str]) -> dict:
     root = bench.tmp / "tensor_parallel"
     steps = 3 if bench.smoke else STEPS
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "engine.train", "gpt", "--config", "124m", "log.wandb=off", "log.progress=plain",
-        "device=cuda", f"run.root={root}", f"run.name={name}", f"train.max_steps={steps}",
-        f"log.every_steps={steps // 2}", "train.batch_size=16", "train.micro_batch_size=8",
-        "train.compile=off", "dist.strategy=fsdp",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "engine.train",
+        "gpt",
+        "--config",
+        "124m",
+        "log.wandb=off",
+        "log.progress=plain",
+        "device=cuda",
+        f"run.root={root}",
+        f"run.name={name}",
+        f"train.max_steps={steps}",
+        f"log.every_steps={steps // 2}",
+        "train.batch_size=16",
+        "train.micro_batch_size=8",
+        "train.compile=off",
+        "dist.strategy=fsdp",
         *overrides,
-    ]  # fmt: skip
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]

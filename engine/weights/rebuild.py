@@ -39,8 +39,10 @@ def load_model(run: str | Path, weights: str | Path | None = None, ema: bool = F
     try:
         mismatch = model.load_state_dict(tensors, strict=False)
     except RuntimeError as err:  # a shape differs
-        raise ConfigError(f"{source} does not fit {name}'s model as {config} builds it: "
-                          f"{str(err).strip().splitlines()[-1].strip()}") from None  # fmt: skip
+        raise ConfigError(
+            f"{source} does not fit {name}'s model as {config} builds it: "
+            f"{str(err).strip().splitlines()[-1].strip()}"
+        ) from None
     wrong = [*mismatch.missing_keys, *mismatch.unexpected_keys]
     if wrong:
         raise ConfigError(

@@ -209,8 +209,19 @@ def _interval(
     if summary.low is not None and summary.high is not None:
         yerr = [[summary.mean - summary.low], [summary.high - summary.mean]]
     size = 16 if marker == "_" else 6
-    ax.errorbar([x], [summary.mean], yerr=yerr, fmt=marker, color=colour, ms=size, mew=2,
-                capsize=5, elinewidth=1.5, zorder=2, label=label)  # fmt: skip
+    ax.errorbar(
+        [x],
+        [summary.mean],
+        yerr=yerr,
+        fmt=marker,
+        color=colour,
+        ms=size,
+        mew=2,
+        capsize=5,
+        elinewidth=1.5,
+        zorder=2,
+        label=label,
+    )
     return True
 
 
@@ -239,8 +250,13 @@ def _cell_ticks(ax, cells: list[Cell]) -> None:
         names = ["(baseline) " * c.baseline + c.name for c in cells]
         labels = [_wrap(name, 30, 2 if n <= 10 else 1) for name in names]
     ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels(labels, rotation=45 if slanted else 0, ha="right" if slanted else "center",
-                       rotation_mode="anchor", fontsize=8)  # fmt: skip
+    ax.set_xticklabels(
+        labels,
+        rotation=45 if slanted else 0,
+        ha="right" if slanted else "center",
+        rotation_mode="anchor",
+        fontsize=8,
+    )
     for label, cell in zip(ax.get_xticklabels(), cells, strict=True):
         label.set_fontweight("bold" if cell.baseline else "normal")
     ax.set_xlim(-0.6, len(cells) - 0.4)
@@ -258,8 +274,14 @@ def _cell_finals(ax, cells: list[Cell], headline: Headline) -> None:
         legend = "_" if said else "mean, 95% interval"  # "_": not in the legend
         said = _interval(ax, x, summary, "black", "_", legend) or said
         if cell.baseline and summary.mean is not None:
-            ax.axhline(summary.mean, color="grey", linestyle="--", linewidth=1, zorder=1,
-                       label="baseline mean")  # fmt: skip
+            ax.axhline(
+                summary.mean,
+                color="grey",
+                linestyle="--",
+                linewidth=1,
+                zorder=1,
+                label="baseline mean",
+            )
     _cell_ticks(ax, cells)
     ax.set_title(f"final {label} per cell")
     ax.set_xlabel("cell (a point per finished seed)")

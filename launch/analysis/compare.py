@@ -134,10 +134,15 @@ def comparison_rows(
             continue
         c = judged[cell.name]
         row = [
-            cell.name, in_unit(key, True)(c.difference), interval(c.low, c.high, in_unit(key, True)),
-            num(c.t, 2), num(c.df, 1), stats.pvalue_text(c.p), stats.pvalue_text(c.p_adjusted),
+            cell.name,
+            in_unit(key, True)(c.difference),
+            interval(c.low, c.high, in_unit(key, True)),
+            num(c.t, 2),
+            num(c.df, 1),
+            stats.pvalue_text(c.p),
+            stats.pvalue_text(c.p_adjusted),
             c.verdict,
-        ]  # fmt: skip
+        ]
         lines.append("| " + " | ".join(escape(x) for x in row) + " |")
     return lines
 
@@ -152,11 +157,14 @@ def member_rows(cells: list[Cell], key: str) -> list[str]:
             summary = m.summary or {}
             value = summary.get(key)
             row = [
-                m.name, cell.name, "n/a" if m.seed is None else str(m.seed), m.status,
+                m.name,
+                cell.name,
+                "n/a" if m.seed is None else str(m.seed),
+                m.status,
                 metric_text(key, value) if C.is_number(value) else "–",
                 num(summary.get("seconds"), 1) if C.is_number(summary.get("seconds")) else "–",
                 m.last_line or "",
-            ]  # fmt: skip
+            ]
             lines.append("| " + " | ".join(escape(x) for x in row) + " |")
     return lines
 
@@ -233,7 +241,7 @@ def data(cells: list[Cell], rep: Report, chart: str | None) -> dict[str, Any]:
                         "last_line": m.last_line,
                     }
                     for m in c.members
-                ],  # fmt: skip
+                ],
             }
             for c in cells
         ],
@@ -243,7 +251,7 @@ def data(cells: list[Cell], rep: Report, chart: str | None) -> dict[str, Any]:
             "std": "sample (n - 1)",
             "test": "Welch's t-test, two-sided (scipy.stats.ttest_ind, equal_var=False)",
             "adjustment": "Benjamini-Hochberg (scipy.stats.false_discovery_control)",
-        },  # fmt: skip
+        },
         "chart": chart,
     }
 
@@ -357,8 +365,11 @@ def with_records(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
     named = set(args.overrides) | set(shlex.split(env.get("RUNS", "")))
     empty = [p for p in paths if p not in named and not has_records(Path(p))]
     if empty:
-        print(f"compare: left out {len(empty)} matched folder(s) with no training records: "
-              f"{', '.join(empty)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"compare: left out {len(empty)} matched folder(s) with no training records: "
+            f"{', '.join(empty)}",
+            file=sys.stderr,
+        )
     kept = [p for p in paths if p not in empty]
     if not kept:
         raise UserError("no run among the matches has training records; name finished runs")

@@ -130,7 +130,9 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     stats.require_scipy()
     verdict = judge_runs(claims, [claimed.rerun(req) for req in reqs])
     m = claims.measured
-    print(f"{claims.recipe} {claims.headline}, recorded on {machine(m)} ({m.get('date')}, "
-          f"commit {m.get('commit')}):")  # fmt: skip
+    print(
+        f"{claims.recipe} {claims.headline}, recorded on {machine(m)} ({m.get('date')}, "
+        f"commit {m.get('commit')}):"
+    )
     print("\n".join(verdict.lines))
     return 0 if verdict.agree else 1

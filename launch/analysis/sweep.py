@@ -19,19 +19,8 @@ from launch.analysis import compare, report, stats
 from launch.analysis.cells import Cell
 from launch.errors import UserError
 from launch.runs import Member, read_json
-from launch.sweep_members import (
-    MANIFEST,
-    Plan,
-    SweepLock,
-    check_length,
-    dry_run,
-    launch_members,
-    make_plan,
-    outcome,
-    replay,
-    report_dir,
-    standing,
-)
+from launch.sweep_members import SweepLock, dry_run, launch_members, outcome, standing
+from launch.sweep_plan import MANIFEST, Plan, check_length, make_plan, replay, report_dir
 
 # ---------------------------------------------------------------- the report
 
@@ -62,8 +51,10 @@ def write_report(plan: Plan, record: dict[str, Any]) -> tuple[str, list[Member]]
     cells = report_cells(plan, found)
     finished = [m for m in found if m.finished]
     shape = " x ".join(str(len(a.points)) for a in plan.grid.axes) or "1"
-    title = (f"Sweep {plan.name} ({plan.req.recipe}): {shape} cells x {plan.seeds} seeds, "
-             f"{len(finished)} of {len(found)} members finished")  # fmt: skip
+    title = (
+        f"Sweep {plan.name} ({plan.req.recipe}): {shape} cells x {plan.seeds} seeds, "
+        f"{len(finished)} of {len(found)} members finished"
+    )
     envs = {m.name: read_json(m.path / "env.json", []) or {} for m in finished}
     headline = compare.headline_of(finished or found, envs)
     kept = {
@@ -111,8 +102,10 @@ def main(args: argparse.Namespace, env: Mapping[str, str], argv: list[str] | Non
     waiting = any(m.status == "queued" or not m.finished for m in found)
     held = any(m.status == "held" for m in found)
     if plan.slurm and no_wait(args, env) and waiting and not held:
-        print(f"when they finish: python -m launch sweep --recipe {plan.req.recipe} --report {plan.name}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"when they finish: python -m launch sweep --recipe {plan.req.recipe} --report {plan.name}",
+            file=sys.stderr,
+        )
         return 0
     return outcome(plan, found)
 
