@@ -112,3 +112,22 @@ def test_the_check_finds_a_second_run_namer(tmp_path):
         "def name():\n    return time.strftime('%Y%m%d-%H%M%S') + '-digits'\n"
     )
     assert stamping_functions(tmp_path) == ["launch/a.py:name"]
+
+
+MAX_LINES = 620  # a module a reader holds in mind; past it, a concern has grown a second one
+
+
+def longest(paths: list[Path], root: Path = ROOT) -> list[tuple[int, str]]:
+    counted = [(len(p.read_text().splitlines()), str(p.relative_to(root))) for p in paths]
+    return sorted(c for c in counted if c[0] > MAX_LINES)
+
+
+def test_no_module_is_longer_than_the_limit():
+    paths = [p for folder in (*PACKAGES, "tests") for p in (ROOT / folder).rglob("*.py")]
+    assert len(paths) > 100 and not longest(paths), longest(paths)
+
+
+def test_the_length_check_finds_a_long_module(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    assert longest(sorted(tmp_path.glob("*.py")), tmp_path) == [(MAX_LINES + 1, "long.py")]
