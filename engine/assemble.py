@@ -29,7 +29,7 @@ from engine.data.prefetch import finish_ahead
 from engine.data.sampler import BatchPlan, GlobalBatchSampler, plan_batches
 from engine.ema import build_ema
 from engine.meter import speed_inputs
-from engine.optim import build_optimizer, build_scheduler, freeze
+from engine.optim import build_optimizer, build_scheduler, freeze_parameters
 from engine.parallel import Strategy, weights
 from engine.parts.feed import Feed
 from engine.parts.health import Health
@@ -203,7 +203,7 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
         ckpt.load_model_state(model, source[1]["model"], source[0])
     from_weights = not source and sources.wanted(cfg.model)
     init = start_from(model, decided) if from_weights and not on_meta else None
-    freeze(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
+    freeze_parameters(model, cfg.optim.freeze)  # before wrapping: DDP and FSDP see it
     set_backend_flags(cfg.train, cfg.deterministic)
     # FSDP2 shards only contiguous parameters: channels_last weights stay unsharded-only.
     layout = memory_format(model, cfg.train.channels_last and not strategy.shards)

@@ -223,7 +223,7 @@ def build_scheduler(opt: torch.optim.Optimizer, total: int, cfg: SchedConfig, st
 # ---------------------------------------------------------------- what trains
 
 
-def freeze(model: nn.Module, patterns: list[str]) -> None:
+def freeze_parameters(model: nn.Module, patterns: list[str]) -> None:
     """optim.freeze: matching parameters take no gradient (and so no optimizer state)."""
     if not patterns:
         return

@@ -14,7 +14,7 @@ from launch.errors import UserError, printable
 from launch.watch import (
     LIVE,
     TAIL_LINES,
-    Slurm,
+    SlurmQueue,
     cancel_main,
     last_lines,
     log_files,
@@ -28,7 +28,7 @@ POLL_S = 0.5  # a followed log is read this often
 
 def logs_main(env: Mapping[str, str]) -> int:
     text = one_run(env, "logs")
-    run, slurm = Path(text), Slurm()
+    run, slurm = Path(text), SlurmQueue()
     status = status_of(text, slurm)
     files = log_files(run, status.job)
     follow = env.get("FOLLOW", "") not in ("", "0")
@@ -62,7 +62,7 @@ def size_of(path: Path) -> int:
         return 0
 
 
-def follow_logs(text: str, slurm: Slurm, offsets: dict[Path, int]) -> None:
+def follow_logs(text: str, slurm: SlurmQueue, offsets: dict[Path, int]) -> None:
     """New lines as they come, from every file of the run's latest job (a requeue or a task
     file that appears later too), until the run is no longer queued or running."""
     run, shown = Path(text), None

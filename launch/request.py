@@ -74,7 +74,7 @@ class Asked:
     command: str
     recipe: Given | None
     config: str  # CONFIG: a variant or a config file, "" for none
-    args_text: str  # ARGS, split by parse_overrides
+    args_text: str  # ARGS, split by split_args
     extra: tuple[str, ...]  # the command line's key=value, after ARGS
     gpus: Given | None
     nodes: Given | None
@@ -291,7 +291,7 @@ def requested_sections(
 # ---------------------------------------------------------------- overrides and counts
 
 
-def parse_overrides(args_text: str, extra: list[str]) -> tuple[str, ...]:
+def split_args(args_text: str, extra: list[str]) -> tuple[str, ...]:
     try:
         words = shlex.split(args_text)
     except ValueError as e:
@@ -546,7 +546,7 @@ def check_node_range(node_text: str, target: str) -> None:
 def resolve(asked: Asked, *, target: str) -> LaunchRequest:
     variant = config_argument(asked.config)
     recipe = recipe_name(asked, variant)
-    user = parse_overrides(asked.args_text, list(asked.extra))
+    user = split_args(asked.args_text, list(asked.extra))
     slurm_job = target in SLURM_TARGETS
     # A saved config (make config) records the scheduler's request as a submission would.
     records_request = slurm_job or target == "config"

@@ -80,7 +80,7 @@ class Member:
 
 
 @dataclass
-class Run:
+class RunRecord:
     path: Path
     name: str  # as shown in legends and tables; report.py may qualify it
     config: dict[str, Any]  # flattened: {"optim.lr": 0.1, ...}
@@ -145,7 +145,7 @@ def find_headline(
     return Headline(results.summary_name("loss"), higher_is_better=False)
 
 
-def shared_headline(found: list[Run]) -> Headline:
+def shared_headline(found: list[RunRecord]) -> Headline:
     """The headline of runs shown together: the first one's that recorded it (runs written
     before the engine recorded it have none), else the first run's by the old rule."""
     recorded = (recorded_headline(run.summary, run.env) for run in found)
@@ -283,12 +283,12 @@ def expand(word: str) -> list[str]:
     return matches
 
 
-def read_run(text: str) -> Run:
+def read_run(text: str) -> RunRecord:
     path = check_run_dir(text)
     try:
         metrics = read_metrics(path / "metrics.jsonl")
         notes = metrics.notes
-        return Run(
+        return RunRecord(
             path=path,
             name=path.resolve().name,
             config=read_config(path / "config.yaml", notes),
@@ -304,7 +304,7 @@ def read_run(text: str) -> Run:
 # ---------------------------------------------------------------- what differs between runs
 
 
-def data_of(run: Run) -> dict[str, Any] | None:
+def data_of(run: RunRecord) -> dict[str, Any] | None:
     """The fingerprints of the data it trained on (env.json's, else summary.json's); None
     for a run recorded before runs named their data."""
     for source in (run.env, run.summary or {}):
@@ -314,7 +314,7 @@ def data_of(run: Run) -> dict[str, Any] | None:
     return None
 
 
-def data_identity(run: Run) -> str | None:
+def data_identity(run: RunRecord) -> str | None:
     """Its data in a few characters, `train 1a2b3c4d eval 5e6f7a8b` (their sha256s)."""
     found = data_of(run)
     if found is None:
@@ -327,9 +327,9 @@ def data_identity(run: Run) -> str | None:
     return " ".join(parts)
 
 
-def data_note(found: list[Run]) -> str | None:
+def data_note(found: list[RunRecord]) -> str | None:
     """One line for runs that did not all train on the same data, else None."""
-    seen: dict[str, Run] = {}
+    seen: dict[str, RunRecord] = {}
     for run in found:
         identity = data_identity(run)
         if identity is not None:
@@ -349,7 +349,7 @@ def data_note(found: list[Run]) -> str | None:
     )
 
 
-def settings(run: Run) -> dict[str, Any]:
+def settings(run: RunRecord) -> dict[str, Any]:
     """What a run was asked to do: its config without bookkeeping, its world size (not a
     config value, but two runs differing only in it are told apart by it) and the data it
     trained on (DATA; absent for a run that recorded none)."""
@@ -366,7 +366,7 @@ def _same_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def differing(runs: list[Run]) -> list[str]:
+def differing(runs: list[RunRecord]) -> list[str]:
     """The settings keys whose values are not the same in every run, sorted."""
     each = [settings(run) for run in runs]
     keys = sorted(set().union(*each))
@@ -386,6 +386,6 @@ def value_text(value: Any) -> str:
     return json.dumps(value)
 
 
-def overrides(run: Run, keys: list[str]) -> list[str]:
+def overrides(run: RunRecord, keys: list[str]) -> list[str]:
     values = settings(run)
     return [f"{k}={value_text(values.get(k, UNSET))}" for k in keys]

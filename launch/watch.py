@@ -65,7 +65,7 @@ TAIL_LINES = 20
 # ---------------------------------------------------------------- SLURM
 
 
-class Slurm:
+class SlurmQueue:
     """SLURM as seen from here: `problem` says why it cannot be asked (no squeue on PATH, or
     squeue fails), once; jobs are read with `scontrol show job`."""
 
@@ -185,11 +185,11 @@ def record_submission(run: Path, job: Any, frozen: str = "") -> None:
     os.replace(part, run / SUBMITTED)
 
 
-def live_job(run: Path, slurm: Slurm | None = None) -> str:
+def live_job(run: Path, slurm: SlurmQueue | None = None) -> str:
     """The job recorded in the run directory while SLURM has it queued or running, as
     `<id> (<state>)`; "" for none (or where SLURM cannot be asked)."""
     job = str(read_json(run / SUBMITTED).get("job") or "")
-    info = (slurm or Slurm()).job(job) if JOB_ID.fullmatch(job) else None
+    info = (slurm or SlurmQueue()).job(job) if JOB_ID.fullmatch(job) else None
     state = (info or {}).get("JobState", "")
     return f"{job} ({state})" if state and state not in ENDED else ""
 
@@ -314,7 +314,7 @@ def last_line(files: list[Path]) -> str:
     return ""
 
 
-def status_of(text: str, slurm: Slurm) -> Status:
+def status_of(text: str, slurm: SlurmQueue) -> Status:
     """One run's state, step, last evaluation and last log line."""
     run = Path(text)
     held, holder = rundir.lock_holder(run)
@@ -373,7 +373,7 @@ def decide(
     state_file: dict,
     summary: dict,
     info: dict | None,
-    slurm: Slurm,
+    slurm: SlurmQueue,
 ) -> None:
     """The state: a live lock is a running run; else SLURM's word while it knows the job;
     else how the run's latest start ended, from its folder."""
@@ -520,7 +520,7 @@ def status_main(env: Mapping[str, str]) -> int:
         where = f"runs/{env['RECIPE']}/" if env.get("RECIPE") else "runs/"
         print(f"no runs under {where}; make status RUNS='<run dir or pattern> ...'")
         return 0
-    slurm = Slurm()
+    slurm = SlurmQueue()
     found = [status_of(path, slurm) for path in paths]
     if any(s.job for s in found) and slurm.problem:
         print(
@@ -539,7 +539,7 @@ def cancel_main(env: Mapping[str, str]) -> int:
     """Stop a run as preemption does: a checkpoint at the next step boundary, then exit;
     `make status` says stopped."""
     text = one_run(env, "cancel")
-    run, slurm = Path(text), Slurm()
+    run, slurm = Path(text), SlurmQueue()
     status = status_of(text, slurm)
     if status.state not in LIVE:
         raise UserError(f"{text} is not running ({status.state}); nothing to stop")
@@ -553,7 +553,7 @@ def mark_stop(run: Path, what: dict) -> None:
     (run / rundir.STOP_NAME).write_text(json.dumps(facts) + "\n")
 
 
-def cancel_job(run: Path, status: Status, slurm: Slurm) -> int:
+def cancel_job(run: Path, status: Status, slurm: SlurmQueue) -> int:
     if slurm.problem:
         raise UserError(
             f"{run} is SLURM job {status.job}, but SLURM is not reachable ({slurm.problem}); "

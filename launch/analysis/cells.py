@@ -21,7 +21,7 @@ def is_number(value: Any) -> bool:
 
 
 @dataclass
-class Cell:
+class CellResults:
     """Runs that differ only in their seed. `settings`: what sets this cell apart, as
     {key: value} in the grid's (or the comparison's) key order."""
 
@@ -51,10 +51,10 @@ class Cell:
         return {k: v for k, v in found.items() if v}
 
 
-def rank(cells: list[Cell], headline: Headline) -> list[Cell]:
+def rank(cells: list[CellResults], headline: Headline) -> list[CellResults]:
     """Best mean headline first; cells with no finished seed last, in their own order."""
 
-    def key(cell: Cell):
+    def key(cell: CellResults):
         mean = cell.summary(headline.key).mean
         if mean is None:
             return (1, 0.0)
@@ -63,7 +63,7 @@ def rank(cells: list[Cell], headline: Headline) -> list[Cell]:
     return sorted(cells, key=key)
 
 
-def compare(cells: list[Cell], headline: Headline) -> dict[str, stats.Comparison]:
+def compare(cells: list[CellResults], headline: Headline) -> dict[str, stats.Comparison]:
     """Each cell but the baseline against it, by cell name, judged together (the p-values
     adjusted for how many cells are compared)."""
     base = next(c for c in cells if c.baseline)
@@ -75,7 +75,7 @@ def compare(cells: list[Cell], headline: Headline) -> dict[str, stats.Comparison
     return {c.name: j for c, j in zip(others, judged, strict=True)}
 
 
-def numeric_axis(cells: list[Cell]) -> str | None:
+def numeric_axis(cells: list[CellResults]) -> str | None:
     """The first setting whose values are all numbers and take at least two values: a curve
     of the headline against it says more than bars."""
     if not cells:

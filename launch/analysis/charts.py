@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launch.errors import UserError
-from launch.runs import Headline, Run
+from launch.runs import Headline, RunRecord
 
 if TYPE_CHECKING:
-    from launch.analysis.cells import Cell
+    from launch.analysis.cells import CellResults
     from launch.analysis.stats import Summary
 
 DPI = 100
@@ -105,7 +105,7 @@ def fractions(values: Iterable[float], headline: Headline) -> bool:
     return headline.higher_is_better and bool(values) and all(0 <= v <= 1 for v in values)
 
 
-def eval_metrics(runs: list[Run], headline: str) -> list[str]:
+def eval_metrics(runs: list[RunRecord], headline: str) -> list[str]:
     """The evaluation metrics the runs recorded, the headline first (drawn solid)."""
     found = {
         k
@@ -118,7 +118,7 @@ def eval_metrics(runs: list[Run], headline: str) -> list[str]:
     return ordered[: len(STYLES)]
 
 
-def train_empty_text(runs: list[Run]) -> str:
+def train_empty_text(runs: list[RunRecord]) -> str:
     """What a training panel with nothing to draw says. A run with evaluations or a summary
     has records, only none of training: it ended before its first training record, which the
     engine writes every log.every_steps steps."""
@@ -134,7 +134,7 @@ def train_empty_text(runs: list[Run]) -> str:
 
 
 def draw_runs(
-    runs: list[Run], labels: list[str], headline: Headline, path: Path, title: str
+    runs: list[RunRecord], labels: list[str], headline: Headline, path: Path, title: str
 ) -> Path:
     """Six panels against optimizer steps: loss (training and evaluation), evaluation metrics,
     learning rate, samples/s, data-wait fraction, and the legend naming each run's colour."""
@@ -168,7 +168,7 @@ def draw_runs(
 
 
 def draw_cells(
-    cells: list[Cell], headline: Headline, path: Path, title: str, curve: str | None = None
+    cells: list[CellResults], headline: Headline, path: Path, title: str, curve: str | None = None
 ) -> Path:
     """Three panels: each cell's final headline metric per seed with the mean and its 95%
     interval, the baseline marked; the mean against the swept number `curve` (a setting whose
@@ -239,7 +239,7 @@ def _wrap(text: str, width: int, lines: int) -> str:
     return "\n".join(out)
 
 
-def _cell_ticks(ax, cells: list[Cell]) -> None:
+def _cell_ticks(ax, cells: list[CellResults]) -> None:
     """The cells' names under their columns, wrapped, the baseline's in bold and saying so:
     level while they fit side by side, else slanted (one line each when there are many)."""
     n = max(len(cells), 1)
@@ -263,7 +263,7 @@ def _cell_ticks(ax, cells: list[Cell]) -> None:
     ax.grid(False, axis="x")
 
 
-def _cell_finals(ax, cells: list[Cell], headline: Headline) -> None:
+def _cell_finals(ax, cells: list[CellResults], headline: Headline) -> None:
     label = metric_label(headline.metric)
     said = False  # the legend names the mean's marker once
     for x, cell in enumerate(cells):
@@ -291,10 +291,10 @@ def _cell_finals(ax, cells: list[Cell], headline: Headline) -> None:
         _say(ax, "no finished seeds")
 
 
-def _combinations(cells: list[Cell], curve: str) -> dict[str, list[Cell]]:
+def _combinations(cells: list[CellResults], curve: str) -> dict[str, list[CellResults]]:
     """The cells with a number for `curve`, by the rest of their settings as key=value texts
     ("all" where there is no other setting), in their first appearance's order."""
-    groups: dict[str, list[Cell]] = {}
+    groups: dict[str, list[CellResults]] = {}
     for cell in cells:
         if _is_value(cell.settings.get(curve)):
             rest = [f"{k}={v}" for k, v in cell.settings.items() if k != curve]
@@ -304,7 +304,7 @@ def _combinations(cells: list[Cell], curve: str) -> dict[str, list[Cell]]:
 
 
 def _curve_line(
-    ax, cells: list[Cell], headline: Headline, curve: str, colour: str, label: str
+    ax, cells: list[CellResults], headline: Headline, curve: str, colour: str, label: str
 ) -> None:
     """One combination's mean headline against the swept number, its 95% interval a band."""
     summaries = [(c.settings[curve], c.summary(headline.key)) for c in cells]
@@ -319,7 +319,7 @@ def _curve_line(
         ax.fill_between(xs, lows, highs, color=colour, alpha=0.2, linewidth=0)
 
 
-def _cell_curve(ax, cells: list[Cell], headline: Headline, curve: str | None) -> None:
+def _cell_curve(ax, cells: list[CellResults], headline: Headline, curve: str | None) -> None:
     if curve is None:
         ax.axis("off")
         _say(ax, "no swept number")
@@ -345,7 +345,7 @@ def _cell_curve(ax, cells: list[Cell], headline: Headline, curve: str | None) ->
         _say(ax, "no finished seeds")
 
 
-def _cell_times(ax, cells: list[Cell]) -> None:
+def _cell_times(ax, cells: list[CellResults]) -> None:
     for x, cell in enumerate(cells):
         _interval(ax, x, cell.summary("seconds"), "black", "o")
     _cell_ticks(ax, cells)

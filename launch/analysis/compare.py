@@ -24,7 +24,7 @@ from engine.results import PERCENT, metric_text
 from launch import grid, hardware, runs
 from launch.analysis import cells as C
 from launch.analysis import charts, report, stats
-from launch.analysis.cells import Cell
+from launch.analysis.cells import CellResults
 from launch.errors import UserError, printable
 from launch.runs import Headline, Member
 
@@ -77,7 +77,7 @@ def seconds_text(v: float | None) -> str:
     return num(None if v is None else max(v, 0.0), 1)
 
 
-def counts_text(cell: Cell) -> str:
+def counts_text(cell: CellResults) -> str:
     return ", ".join(f"{n} {status}" for status, n in cell.counts().items()) or "none"
 
 
@@ -88,7 +88,7 @@ def escape(text: str) -> str:
 # ---------------------------------------------------------------- the Markdown
 
 
-def cell_rows(ranked: list[Cell], rep: Report) -> list[str]:
+def cell_rows(ranked: list[CellResults], rep: Report) -> list[str]:
     key = rep.headline.key
     head = [
         "rank",
@@ -125,7 +125,7 @@ def cell_rows(ranked: list[Cell], rep: Report) -> list[str]:
 
 
 def comparison_rows(
-    ranked: list[Cell], judged: Mapping[str, stats.Comparison], key: str = ""
+    ranked: list[CellResults], judged: Mapping[str, stats.Comparison], key: str = ""
 ) -> list[str]:
     head = ["cell", "difference", "95% CI", "t", "df", "p", "p (BH)", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * 6 + "---|"]
@@ -147,7 +147,7 @@ def comparison_rows(
     return lines
 
 
-def member_rows(cells: list[Cell], key: str) -> list[str]:
+def member_rows(cells: list[CellResults], key: str) -> list[str]:
     lines = [
         f"| member | cell | seed | status | {key} | time (s) | last line |",
         "|---|---|---:|---|---:|---:|---|",
@@ -185,7 +185,7 @@ def method_text(n_compared: int) -> str:
     )
 
 
-def markdown(cells: list[Cell], rep: Report, chart: str | None) -> str:
+def markdown(cells: list[CellResults], rep: Report, chart: str | None) -> str:
     key = rep.headline.key
     ranked = C.rank(cells, rep.headline)
     judged = C.compare(cells, rep.headline)
@@ -215,7 +215,7 @@ def markdown(cells: list[Cell], rep: Report, chart: str | None) -> str:
     return "\n".join(lines)
 
 
-def data(cells: list[Cell], rep: Report, chart: str | None) -> dict[str, Any]:
+def data(cells: list[CellResults], rep: Report, chart: str | None) -> dict[str, Any]:
     judged = C.compare(cells, rep.headline)
     key = rep.headline.key
     return {
@@ -256,7 +256,7 @@ def data(cells: list[Cell], rep: Report, chart: str | None) -> dict[str, Any]:
     }
 
 
-def write(cells: list[Cell], rep: Report, md: Path, js: Path, png: Path) -> str:
+def write(cells: list[CellResults], rep: Report, md: Path, js: Path, png: Path) -> str:
     """The three files (the chart left out, with a warning, where it cannot be drawn); returns
     the Markdown."""
     chart: str | None = png.name
@@ -284,11 +284,11 @@ def headline_of(members: list[Member], envs: Mapping[str, dict]) -> Headline:
 # ---------------------------------------------------------------- `make compare`
 
 
-def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
+def group(found: list[runs.RunRecord]) -> tuple[list[str], list[CellResults]]:
     """Runs that differ only in their seed form one cell, in the order of their first run; a
     second finished run with a cell's settings and seed is a duplicate, not counted."""
     keys = [k for k in runs.differing(found) if k != SEED]
-    cells: dict[str, Cell] = {}
+    cells: dict[str, CellResults] = {}
     for run in found:
         values = runs.settings(run)
         settings = {k: values.get(k, runs.UNSET) for k in keys}
@@ -302,7 +302,7 @@ def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
             summary=run.summary,
             last_line=None if run.summary is not None else report.status(run),
         )
-        cell = cells.setdefault(name, Cell(name, settings))
+        cell = cells.setdefault(name, CellResults(name, settings))
         twin = next((m for m in cell.members if m.finished and m.seed == member.seed), None)
         if member.finished and member.seed is not None and twin is not None:
             # the same settings and seed give the same result: a second sample it is not
@@ -311,12 +311,12 @@ def group(found: list[runs.Run]) -> tuple[list[str], list[Cell]]:
     return keys, list(cells.values())
 
 
-def setting_texts(cell: Cell) -> dict[str, str]:
+def setting_texts(cell: CellResults) -> dict[str, str]:
     """A group's settings as overrides write them, to match BASELINE's texts against."""
     return {k: runs.value_text(v) for k, v in cell.settings.items()}
 
 
-def mark_baseline(cells: list[Cell], text: str | None) -> None:
+def mark_baseline(cells: list[CellResults], text: str | None) -> None:
     if not text:
         cells[0].baseline = True
         return
@@ -329,21 +329,21 @@ def mark_baseline(cells: list[Cell], text: str | None) -> None:
     found[0].baseline = True
 
 
-def title_of(cells: list[Cell], keys: list[str]) -> str:
+def title_of(cells: list[CellResults], keys: list[str]) -> str:
     n = sum(len(c.members) for c in cells)
     groups = f"{len(cells)} group" + ("s" if len(cells) > 1 else "")
     return f"Comparison of {n} runs in {groups}" + (f" by {', '.join(keys)}" if keys else "")
 
 
-def git_texts(found: list[runs.Run]) -> str:
+def git_texts(found: list[runs.RunRecord]) -> str:
     """The commits the runs were trained at (each once)."""
     return ", ".join(sorted({report.git_text(r.env) for r in found}))
 
 
-def check_one_recipe(found: list[runs.Run]) -> None:
+def check_one_recipe(found: list[runs.RunRecord]) -> None:
     """Runs of different recipes are judged by different tasks on different data: their
     headlines are not one quantity, so ranking them against each other means nothing."""
-    first: dict[str, runs.Run] = {}
+    first: dict[str, runs.RunRecord] = {}
     for run in found:
         if run.recipe is not None:
             first.setdefault(run.recipe, run)

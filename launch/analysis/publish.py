@@ -45,7 +45,7 @@ from typing import Any
 from launch import runs
 from launch.analysis import report
 from launch.errors import UserError, printable
-from launch.runs import Run
+from launch.runs import RunRecord
 
 KINDS = ("train", "eval")  # the records published; events (world_size, code) are not metrics
 NOT_SCALARS = ("kind", "step")
@@ -88,7 +88,7 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def scalars(run: Run) -> Iterator[tuple[str, int, float]]:
+def scalars(run: RunRecord) -> Iterator[tuple[str, int, float]]:
     """(tag, step, value) for every numeric field of every train and eval record."""
     for kind in KINDS:
         for record in getattr(run.metrics, kind):
@@ -97,12 +97,12 @@ def scalars(run: Run) -> Iterator[tuple[str, int, float]]:
                     yield f"{kind}/{key}", record["step"], float(value)
 
 
-def finals(run: Run) -> dict[str, float]:
+def finals(run: RunRecord) -> dict[str, float]:
     """summary.json's numeric values (none before the run finishes)."""
     return {f"final/{k}": float(v) for k, v in (run.summary or {}).items() if is_number(v)}
 
 
-def hparams(run: Run) -> dict[str, bool | float | str]:
+def hparams(run: RunRecord) -> dict[str, bool | float | str]:
     """The flattened config as values both viewers take: numbers and booleans as they are,
     the rest as an override would write them (sgd, null, [0.9, 0.999])."""
     return {
@@ -111,7 +111,7 @@ def hparams(run: Run) -> dict[str, bool | float | str]:
     }
 
 
-def reports(run: Run) -> list[Path]:
+def reports(run: RunRecord) -> list[Path]:
     """The reports and charts make report and make compare left in the run's parent folder
     that name this run (report-a+b.png names a and b)."""
     found = []
@@ -123,11 +123,11 @@ def reports(run: Run) -> list[Path]:
     return found
 
 
-def artifacts(run: Run) -> list[Path]:
+def artifacts(run: RunRecord) -> list[Path]:
     return [run.path / n for n in ARTIFACTS if (run.path / n).is_file()] + reports(run)
 
 
-def fingerprint(run: Run) -> str:
+def fingerprint(run: RunRecord) -> str:
     """A hash of everything a publication is made from: a changed file publishes again."""
     digest = hashlib.sha256(f"format {FORMAT}\n".encode())
     for path in [*(run.path / n for n in RUN_FILES), *reports(run)]:
@@ -137,7 +137,7 @@ def fingerprint(run: Run) -> str:
     return digest.hexdigest()
 
 
-def run_key(run: Run) -> str:
+def run_key(run: RunRecord) -> str:
     """The run directory's identity: a hash of its absolute path (a tag value any tracking
     store can search for, whatever characters the path holds)."""
     return hashlib.sha256(os.fsencode(run.path.resolve())).hexdigest()[:32]
@@ -158,7 +158,7 @@ def mtime_ms(path: Path) -> int | None:
 # ---------------------------------------------------------------- TensorBoard
 
 
-def tensorboard_folder(run: Run, target: Target) -> Path:
+def tensorboard_folder(run: RunRecord, target: Target) -> Path:
     root = Path(target.where) if target.where else run.path.resolve().parent / "tensorboard"
     return root / run.path.resolve().name
 
@@ -169,7 +169,7 @@ def png_size(data: bytes) -> tuple[int, int]:
     return height, width
 
 
-def tensorboard_summaries(run: Run) -> Iterator[tuple[int, Any]]:
+def tensorboard_summaries(run: RunRecord) -> Iterator[tuple[int, Any]]:
     """(step, summary) for each piece of the publication, in TensorBoard's own protos."""
     from tensorboard.plugins.scalar.summary_v2 import scalar_pb  # optional
 
@@ -202,7 +202,7 @@ def file_summary(path: Path) -> Any:
     )
 
 
-def hparams_summary(run: Run, start: bool) -> Any:
+def hparams_summary(run: RunRecord, start: bool) -> Any:
     """The hparams plugin's session start (the config) or end, as its summary protos."""
     from tensorboard.compat.proto import summary_pb2  # optional
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2  # optional
@@ -227,7 +227,7 @@ def hparams_summary(run: Run, start: bool) -> Any:
     return summary_pb2.Summary(value=[value])
 
 
-def write_tensorboard(run: Run, folder: Path, mark: dict) -> None:
+def write_tensorboard(run: RunRecord, folder: Path, mark: dict) -> None:
     """The run's event file in folder, through tensorboard's event file writer, and the
     marker beside it, last."""
     try:
@@ -237,7 +237,7 @@ def write_tensorboard(run: Run, folder: Path, mark: dict) -> None:
     (folder / MARKER).write_text(json.dumps(mark, indent=1) + "\n")
 
 
-def write_events(run: Run, folder: Path) -> None:
+def write_events(run: RunRecord, folder: Path) -> None:
     """One event per step, in step order: TensorBoard reads a step below one it has seen as
     the mark of a restart, and drops the points written after it."""
     from tensorboard.compat.proto import event_pb2  # optional
@@ -266,7 +266,7 @@ def read_marker(folder: Path) -> dict | None:
     return mark if isinstance(mark, dict) else None
 
 
-def publish_tensorboard(run: Run, folder: Path) -> str:
+def publish_tensorboard(run: RunRecord, folder: Path) -> str:
     """Writes the run's folder aside and swaps it in whole; the same publication again is
     left as it is. A folder that is not a publication of this run is never replaced."""
     mark = {"run_dir": str(run.path.resolve()), "fingerprint": fingerprint(run)}
@@ -302,7 +302,7 @@ def publish_tensorboard(run: Run, folder: Path) -> str:
 # ---------------------------------------------------------------- MLflow
 
 
-def mlflow_uri(run: Run, target: Target, env: Mapping[str, str]) -> str:
+def mlflow_uri(run: RunRecord, target: Target, env: Mapping[str, str]) -> str:
     if target.where:
         return target.where
     if env.get("MLFLOW_TRACKING_URI"):
@@ -338,7 +338,7 @@ def mlflow_client(uri: str) -> Any:
     return client
 
 
-def mlflow_experiment(client: Any, run: Run, uri: str) -> str:
+def mlflow_experiment(client: Any, run: RunRecord, uri: str) -> str:
     """The id of the experiment named after the run's recipe, made (or restored) if need be;
     a new one on a sqlite file keeps its artifacts beside the file."""
     name = run.recipe or run.path.resolve().parent.name
@@ -352,7 +352,7 @@ def mlflow_experiment(client: Any, run: Run, uri: str) -> str:
     return client.create_experiment(name, artifact_location=where)
 
 
-def publish_mlflow(client: Any, run: Run, uri: str) -> str:
+def publish_mlflow(client: Any, run: RunRecord, uri: str) -> str:
     """The run's MLflow run: left as it is when it holds this publication, else written anew
     and any older one of the same run directory deleted, so that one run stays."""
     experiment = mlflow_experiment(client, run, uri)
@@ -369,7 +369,7 @@ def publish_mlflow(client: Any, run: Run, uri: str) -> str:
     return f"{run.path}: published as MLflow run {run_id} ({uri})"
 
 
-def write_mlflow(client: Any, experiment: str, run: Run, key: str) -> str:
+def write_mlflow(client: Any, experiment: str, run: RunRecord, key: str) -> str:
     from mlflow.entities import Metric, Param  # optional
 
     tags = {TAG_KEY: key, TAG_DIR: str(run.path.resolve()), "recipes.recipe": run.recipe or ""}
@@ -396,7 +396,7 @@ def write_mlflow(client: Any, experiment: str, run: Run, key: str) -> str:
 # ---------------------------------------------------------------- the command
 
 
-def read_runs(paths: list[str]) -> list[Run]:
+def read_runs(paths: list[str]) -> list[RunRecord]:
     found = [runs.read_run(p) for p in paths]
     where = [r.path.resolve() for r in found]
     for i, path in enumerate(where):
@@ -405,7 +405,7 @@ def read_runs(paths: list[str]) -> list[Run]:
     return found
 
 
-def destinations(found: list[Run], target: Target, env: Mapping[str, str]) -> list[str]:
+def destinations(found: list[RunRecord], target: Target, env: Mapping[str, str]) -> list[str]:
     if target.kind == "tensorboard":
         folders = [tensorboard_folder(run, target) for run in found]
         for i, folder in enumerate(folders):

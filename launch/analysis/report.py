@@ -25,7 +25,7 @@ from pathlib import Path
 from launch import runs
 from launch.analysis import charts
 from launch.errors import UserError, printable
-from launch.runs import Run
+from launch.runs import RunRecord
 
 # shown as "time" and "world size"; the headline's name orders the columns instead, and its
 # direction is not a metric, nor are the files of the best checkpoints
@@ -61,7 +61,7 @@ def run_paths(
     return [path for word in words for path in runs.expand(word)]
 
 
-def read_runs(paths: list[str]) -> list[Run]:
+def read_runs(paths: list[str]) -> list[RunRecord]:
     """Each run, named by its path from the runs' common parent (its bare name when they
     share a parent, as runs of one recipe do)."""
     found = [runs.read_run(p) for p in paths]
@@ -75,11 +75,11 @@ def read_runs(paths: list[str]) -> list[Run]:
     return found
 
 
-def common_parent(found: list[Run]) -> Path:
+def common_parent(found: list[RunRecord]) -> Path:
     return Path(os.path.commonpath([r.path.resolve().parent for r in found]))
 
 
-def output_stem(found: list[Run]) -> str:
+def output_stem(found: list[RunRecord]) -> str:
     names = sorted(r.name.replace(os.sep, "_") for r in found)
     stem = "report-" + "+".join(names)
     if len(stem) <= MAX_STEM:
@@ -88,7 +88,7 @@ def output_stem(found: list[Run]) -> str:
     return f"report-{names[0][:60]}+{len(names) - 1}-more-{digest}"
 
 
-def labels(found: list[Run]) -> list[str]:
+def labels(found: list[RunRecord]) -> list[str]:
     """Legend entries: the run name and the settings that differ between the runs."""
     keys = runs.differing(found)
     return [" ".join([f"{run.name}:", *runs.overrides(run, keys)]).rstrip(":") for run in found]
@@ -97,7 +97,7 @@ def labels(found: list[Run]) -> list[str]:
 # ---------------------------------------------------------------- the Markdown summary
 
 
-def metric_columns(found: list[Run], headline: str) -> list[str]:
+def metric_columns(found: list[RunRecord], headline: str) -> list[str]:
     """The runs' metric keys (summary.json's, or an unfinished run's last evaluation's by the
     same names) in the engine's order, the headline first."""
     keys: list[str] = []
@@ -124,7 +124,7 @@ def git_text(env: Mapping) -> str:
     return sha[:12] + (" (dirty)" if env.get("git_dirty") else "")
 
 
-def status(run: Run) -> str:
+def status(run: RunRecord) -> str:
     if run.summary is not None:
         return "finished"
     said = f"no summary.json yet, at step {run.last_step} (running or stopped)"
@@ -170,7 +170,7 @@ def value_text(value) -> str:
     return number(value)
 
 
-def cell(run: Run, column: str, headline: str) -> str:
+def cell(run: RunRecord, column: str, headline: str) -> str:
     """A metric as recorded, to 4 significant digits, '–' where the run has none. An
     unfinished run's headline says that it is the last evaluation's, and of which step."""
     results = run.results
@@ -182,7 +182,7 @@ def cell(run: Run, column: str, headline: str) -> str:
     return text
 
 
-def row(run: Run, columns: list[str], keys: list[str], headline: str) -> str:
+def row(run: RunRecord, columns: list[str], keys: list[str], headline: str) -> str:
     """Metrics as summary.json holds them, or as the last evaluation recorded them."""
     summary = run.summary or {}
     cells = [
@@ -197,7 +197,7 @@ def row(run: Run, columns: list[str], keys: list[str], headline: str) -> str:
     return "| " + " | ".join(text.replace("|", "\\|") for text in cells) + " |"
 
 
-def markdown(found: list[Run], chart: str | None, headline: str) -> str:
+def markdown(found: list[RunRecord], chart: str | None, headline: str) -> str:
     """The summary; `chart` is the chart's file name (None: no chart, no picture)."""
     columns = metric_columns(found, headline)
     keys = runs.differing(found)
@@ -261,7 +261,7 @@ TIME_SHARES = (
 )
 
 
-def time_breakdown(found: list[Run]) -> list[str]:
+def time_breakdown(found: list[RunRecord]) -> list[str]:
     """Where each run's training time went: every share's mean over the run's windows, the
     first left out where there are others (it holds the loader workers' start)."""
     windows = {run.name: run.metrics.train[1:] or run.metrics.train for run in found}
@@ -301,7 +301,7 @@ def time_breakdown(found: list[Run]) -> list[str]:
 WORKER_STAGES = ("read", "decode", "augment")  # engine.data.stages.WORKER_STAGES
 
 
-def worker_time(found: list[Run]) -> list[str]:
+def worker_time(found: list[RunRecord]) -> list[str]:
     """Where the loader workers' time went: each run's mean seconds of worker time per batch
     in reading, decoding and augmenting its samples (the windows after the first)."""
     keys = [f"worker_{stage}_s" for stage in WORKER_STAGES]
@@ -329,7 +329,7 @@ PROFILE_PHASES = ("data wait", "forward", "backward", "optimizer")  # engine.pro
 PROFILE_TOP = 5  # operators named per profile in the report
 
 
-def profiles(found: list[Run]) -> list[str]:
+def profiles(found: list[RunRecord]) -> list[str]:
     """The traces recorded with prof.steps (engine.profile's summaries beside them): per
     rank, the phases' share of the traced steps and the top operators by self time."""
     rows = []
@@ -376,7 +376,7 @@ def _mean(records: list[dict], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def untrained_notes(found: list[Run]) -> list[str]:
+def untrained_notes(found: list[RunRecord]) -> list[str]:
     """A run that has evaluations or a summary but no training record ended before its
     first one (the engine writes one every log.every_steps steps): said, so that its empty
     training panels do not read as a run that never started."""
@@ -393,7 +393,7 @@ def untrained_notes(found: list[Run]) -> list[str]:
     return notes
 
 
-def world_changes(found: list[Run]) -> list[str]:
+def world_changes(found: list[RunRecord]) -> list[str]:
     """The table of the runs' changes of world size (an elastic run that lost or gained a
     node, a job requeued onto fewer nodes), as the engine recorded them; none: nothing."""
     changes = [(run, r) for run in found for r in run.metrics.world_changes]
@@ -421,7 +421,7 @@ def world_changes(found: list[Run]) -> list[str]:
     ]
 
 
-def requeues(found: list[Run]) -> list[str]:
+def requeues(found: list[RunRecord]) -> list[str]:
     """The table of the runs' SLURM requeues (preempted, a node lost, by hand), each with how
     the start before it ended; none: nothing."""
     rows = [
@@ -456,7 +456,7 @@ RESUMED_CHANGES = {
 }
 
 
-def resumed_changes(found: list[Run], kind: str) -> list[str]:
+def resumed_changes(found: list[RunRecord], kind: str) -> list[str]:
     """The resumes that continued a run with other code or over other data (kind "code" or
     "data", allowed by run.allow_code_change or run.allow_data_change), as the engine recorded
     them; none: nothing."""

@@ -16,7 +16,7 @@ from typing import Any
 from launch import check, grid, request
 from launch.analysis import cells as C
 from launch.analysis import compare, report, stats
-from launch.analysis.cells import Cell
+from launch.analysis.cells import CellResults
 from launch.errors import UserError
 from launch.runs import Member, read_json
 from launch.sweep_members import SweepLock, dry_run, launch_members, outcome, standing
@@ -25,13 +25,15 @@ from launch.sweep_plan import MANIFEST, Plan, check_length, make_plan, replay, r
 # ---------------------------------------------------------------- the report
 
 
-def report_cells(plan: Plan, found: list[Member]) -> list[Cell]:
-    by_cell: dict[str, Cell] = {}
+def report_cells(plan: Plan, found: list[Member]) -> list[CellResults]:
+    by_cell: dict[str, CellResults] = {}
     base = plan.grid.baseline_cell().name
     for planned, member in zip(plan.members, found, strict=True):
         settings = {k: grid.canonical(v) for k, v in planned.cell.settings}
         name = planned.cell.name or plan.name
-        cell = by_cell.setdefault(name, Cell(name, settings, baseline=planned.cell.name == base))
+        cell = by_cell.setdefault(
+            name, CellResults(name, settings, baseline=planned.cell.name == base)
+        )
         cell.members.append(member)
     return list(by_cell.values())
 

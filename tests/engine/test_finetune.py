@@ -155,7 +155,7 @@ def test_the_classifier_is_the_last_linear_layer():
 
 def test_freeze_and_lr_mult_shape_the_optimizer():
     model = small(10)
-    optim.freeze(model, ["0.*"])
+    optim.freeze_parameters(model, ["0.*"])
     assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["0.weight", "0.bias"]
     cfg = OptimConfig(lr=0.1, weight_decay=0.01, lr_mult=["3.*=1", "*=0.1"])
     groups = param_groups(model, cfg, 0.1)
@@ -170,7 +170,7 @@ def test_freeze_and_lr_mult_shape_the_optimizer():
 
 def test_freezing_rates_and_batch_scaling_are_each_said_in_one_line_at_start(capsys):
     model = small(10)
-    optim.freeze(model, ["0.*"])
+    optim.freeze_parameters(model, ["0.*"])
     cfg = OptimConfig(lr=0.1, lr_reference_batch=256, lr_mult=["3.*=1", "*=0.1"])
     build_optimizer(model, cfg, 512, torch.device("cpu"))
     assert capsys.readouterr().err.splitlines() == [
@@ -189,7 +189,7 @@ def test_freezing_rates_and_batch_scaling_are_each_said_in_one_line_at_start(cap
 def test_start_up_notes_are_said_by_rank_0_alone(monkeypatch, capsys):
     monkeypatch.setattr(optim.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(optim.dist, "get_rank", lambda: 1)
-    optim.freeze(small(), ["0.*"])
+    optim.freeze_parameters(small(), ["0.*"])
     assert capsys.readouterr().err == ""
 
 
@@ -201,7 +201,7 @@ def test_a_malformed_lr_mult_entry_is_one_line(entry):
 
 def test_freeze_pattern_matching_nothing_is_refused():
     with pytest.raises(ConfigError, match="optim.freeze: 'layer1.*' matches no tensor"):
-        optim.freeze(small(), ["layer1.*"])
+        optim.freeze_parameters(small(), ["layer1.*"])
 
 
 # ---------------------------------------------------------------- named weights

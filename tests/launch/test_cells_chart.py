@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from launch.analysis import charts
-from launch.analysis.cells import Cell
+from launch.analysis.cells import CellResults
 from launch.runs import Headline, Member
 
 pytest.importorskip("scipy")  # the cells' 95% intervals
@@ -18,12 +18,12 @@ TOP1 = Headline("top1", higher_is_better=True)
 C0 = (0x1F, 0x77, 0xB4)  # matplotlib's first colour: a seed's point
 
 
-def cell(name: str, values: list[float], baseline: bool = False, **settings) -> Cell:
+def cell(name: str, values: list[float], baseline: bool = False, **settings) -> CellResults:
     members = [
         Member(f"{name}-s{seed}", seed, Path(name), "finished", {"top1": v, "seconds": 60 + seed})
         for seed, v in enumerate(values)
     ]
-    return Cell(name, settings, members, baseline)
+    return CellResults(name, settings, members, baseline)
 
 
 def third(png: Path, index: int) -> list[tuple[int, int, tuple[int, int, int]]]:
@@ -99,7 +99,7 @@ def coloured(png: Path, index: int) -> int:
 LRS = {0.01: [0.80, 0.81, 0.82], 0.1: [0.90, 0.91, 0.92], 1.0: [0.50, 0.55, 0.60]}
 
 
-def lr_cells() -> list[Cell]:
+def lr_cells() -> list[CellResults]:
     return [
         cell(f"optim.lr={lr}", values, baseline=lr == 0.1, **{"optim.lr": lr})
         for lr, values in LRS.items()
@@ -135,8 +135,8 @@ def test_curve_with_other_settings_and_lower_is_better(tmp_path: Path) -> None:
 
 
 def test_cells_without_finished_seeds_still_draw(tmp_path: Path) -> None:
-    failed = Cell("failed", {}, [Member("failed-s0", 0, tmp_path, "failed")])
-    empty = Cell("never started", {}, [])
+    failed = CellResults("failed", {}, [Member("failed-s0", 0, tmp_path, "failed")])
+    empty = CellResults("never started", {}, [])
     cells = [cell("baseline", [0.9, 0.91], baseline=True), failed, empty]
     png = charts.draw_cells(cells, TOP1, tmp_path / "cells.png", "some failed", curve=None)
     assert Image.open(png).size == charts.CELLS_PX

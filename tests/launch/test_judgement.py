@@ -23,15 +23,15 @@ OTHERS = {
 }
 
 
-def cell(name: str, values: list[float], baseline: bool = False) -> C.Cell:
+def cell(name: str, values: list[float], baseline: bool = False) -> C.CellResults:
     members = [
         Member(f"{name}-s{seed}", seed, Path(name), FINISHED, {"top1": value})
         for seed, value in enumerate(values)
     ]
-    return C.Cell(name, {}, members, baseline)
+    return C.CellResults(name, {}, members, baseline)
 
 
-def sweep_cells() -> list[C.Cell]:
+def sweep_cells() -> list[C.CellResults]:
     return [cell("base", BASELINE, baseline=True)] + [cell(n, v) for n, v in OTHERS.items()]
 
 

@@ -87,7 +87,7 @@ def test_a_checkpoint_warning_as_long_as_the_job_is_said_and_a_time_limit_named(
     status = watch.Status("r", "", "7")
     state = {"state": "stopped", "why": "preempted: SIGTERM", "exit_code": 75}
     info = {"JobState": "TIMEOUT", "TimeLimit": "00:01:00"}
-    watch.decide(status, tmp_path, False, {}, state, {}, info, watch.Slurm())
+    watch.decide(status, tmp_path, False, {}, state, {}, info, watch.SlurmQueue())
     assert status.state == "stopped" and status.notes == [
         "time limit 00:01:00 reached: raise TIME_MIN"
     ]
