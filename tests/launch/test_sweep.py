@@ -448,7 +448,7 @@ def test_cells_rank_best_first_in_the_headlines_direction():
             runs.Member(f"{name}{i}", i, Path("."), runs.FINISHED, {"loss": v})
             for i, v in enumerate(values)
         ]
-        return cells.Cell(name, {}, members)
+        return cells.CellResults(name, {}, members)
 
     found = [cell("a", [0.5, 0.6]), cell("b", [0.1, 0.2]), cell("c", [])]
     lower = cells.rank(found, runs.Headline("loss", higher_is_better=False))
