@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.results import PERCENT, metric_text
 from launch import grid, hardware, runs
-from launch.analysis import cells as C
+from launch.analysis import cells as cell_stats
 from launch.analysis import charts, report, stats
 from launch.analysis.cells import CellResults
 from launch.errors import UserError, printable
@@ -161,8 +161,10 @@ def member_rows(cells: list[CellResults], key: str) -> list[str]:
                 cell.name,
                 "n/a" if m.seed is None else str(m.seed),
                 m.status,
-                metric_text(key, value) if C.is_number(value) else "–",
-                num(summary.get("seconds"), 1) if C.is_number(summary.get("seconds")) else "–",
+                metric_text(key, value) if cell_stats.is_number(value) else "–",
+                num(summary.get("seconds"), 1)
+                if cell_stats.is_number(summary.get("seconds"))
+                else "–",
                 m.last_line or "",
             ]
             lines.append("| " + " | ".join(escape(x) for x in row) + " |")
@@ -187,8 +189,8 @@ def method_text(n_compared: int) -> str:
 
 def markdown(cells: list[CellResults], rep: Report, chart: str | None) -> str:
     key = rep.headline.key
-    ranked = C.rank(cells, rep.headline)
-    judged = C.compare(cells, rep.headline)
+    ranked = cell_stats.rank(cells, rep.headline)
+    judged = cell_stats.compare(cells, rep.headline)
     base = next(c for c in cells if c.baseline)
     direction = "higher" if rep.headline.higher_is_better else "lower"
     lines = [
@@ -216,14 +218,14 @@ def markdown(cells: list[CellResults], rep: Report, chart: str | None) -> str:
 
 
 def data(cells: list[CellResults], rep: Report, chart: str | None) -> dict[str, Any]:
-    judged = C.compare(cells, rep.headline)
+    judged = cell_stats.compare(cells, rep.headline)
     key = rep.headline.key
     return {
         **rep.record,
         "title": rep.title,
         "headline": {"key": key, "higher_is_better": rep.headline.higher_is_better},
         "baseline": next(c.name for c in cells if c.baseline),
-        "ranking": [c.name for c in C.rank(cells, rep.headline)],
+        "ranking": [c.name for c in cell_stats.rank(cells, rep.headline)],
         "cells": [
             {
                 "name": c.name,
@@ -335,9 +337,9 @@ def title_of(cells: list[CellResults], keys: list[str]) -> str:
     return f"Comparison of {n} runs in {groups}" + (f" by {', '.join(keys)}" if keys else "")
 
 
-def git_texts(found: list[runs.RunRecord]) -> str:
+def commits_text(found: list[runs.RunRecord]) -> str:
     """The commits the runs were trained at (each once)."""
-    return ", ".join(sorted({report.git_text(r.env) for r in found}))
+    return ", ".join(sorted({report.commit_text(r.env) for r in found}))
 
 
 def check_one_recipe(found: list[runs.RunRecord]) -> None:
@@ -401,10 +403,10 @@ def main(args: argparse.Namespace, env: Mapping[str, str], dry: bool) -> int:
     stats.require_scipy()
     members = [m for c in cells for m in c.members]
     headline = headline_of(members, {r.name: r.env for r in found})
-    record = {"runs": [str(r.path) for r in found], "git_text": git_texts(found)}
+    record = {"runs": [str(r.path) for r in found], "git_text": commits_text(found)}
     record["hardware_note"] = hardware.note([hardware.of(r.env) for r in found])
     record["data_note"] = runs.data_note(found)
-    rep = Report(title_of(cells, keys), headline, record, keys, C.numeric_axis(cells))
+    rep = Report(title_of(cells, keys), headline, record, keys, cell_stats.numeric_axis(cells))
     try:
         print(write(cells, rep, md, js, png), end="")
     except OSError as err:

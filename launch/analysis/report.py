@@ -117,7 +117,7 @@ def duration(seconds) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def git_text(env: Mapping) -> str:
+def commit_text(env: Mapping) -> str:
     sha = env.get("git_sha")
     if not isinstance(sha, str):
         return "n/a"
@@ -191,7 +191,7 @@ def row(run: RunRecord, columns: list[str], keys: list[str], headline: str) -> s
         *(cell(run, c, headline) for c in columns),
         duration(summary.get("seconds")),
         str(run.world_size) if run.world_size is not None else "n/a",
-        git_text(run.env),
+        commit_text(run.env),
         " ".join(runs.overrides(run, keys)),
     ]
     return "| " + " | ".join(text.replace("|", "\\|") for text in cells) + " |"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from launch import check, grid, request
-from launch.analysis import cells as C
+from launch.analysis import cells as cell_stats
 from launch.analysis import compare, report, stats
 from launch.analysis.cells import CellResults
 from launch.errors import UserError
@@ -38,11 +38,11 @@ def report_cells(plan: Plan, found: list[Member]) -> list[CellResults]:
     return list(by_cell.values())
 
 
-def git_text(record: Mapping[str, Any], envs: Mapping[str, dict]) -> str:
+def commits_text(record: Mapping[str, Any], envs: Mapping[str, dict]) -> str:
     """The launch's checkout, and the commits the finished members ran at where they differ."""
     git = record.get("git") or {}
-    text = report.git_text({"git_sha": git.get("sha"), "git_dirty": git.get("dirty")})
-    shas = {report.git_text(env) for env in envs.values() if env.get("git_sha")}
+    text = report.commit_text({"git_sha": git.get("sha"), "git_dirty": git.get("dirty")})
+    shas = {report.commit_text(env) for env in envs.values() if env.get("git_sha")}
     if shas and shas != {text}:
         text += f"; members ran at {', '.join(sorted(shas))}"
     return text
@@ -63,8 +63,8 @@ def write_report(plan: Plan, record: dict[str, Any]) -> tuple[str, list[Member]]
         k: record[k]
         for k in ("sweep", "recipe", "config", "grid", "seeds", "parallel", "command", "git")
     }
-    kept["git_text"] = git_text(record, envs)
-    rep = compare.Report(title, headline, kept, plan.grid.keys, C.numeric_axis(cells))
+    kept["git_text"] = commits_text(record, envs)
+    rep = compare.Report(title, headline, kept, plan.grid.keys, cell_stats.numeric_axis(cells))
     folder = plan.folder
     text = compare.write(
         cells, rep, folder / "report.md", folder / "report.json", folder / "chart.png"
