@@ -30,7 +30,7 @@ from engine.data.sampler import BatchPlan, GlobalBatchSampler, plan_batches
 from engine.ema import build_ema
 from engine.meter import speed_inputs
 from engine.optim import build_optimizer, build_scheduler, freeze_parameters
-from engine.parallel import Strategy, weights
+from engine.parallel import Strategy, meta_init
 from engine.parts.feed import Feed
 from engine.parts.health import Health
 from engine.parts.network import Network
@@ -115,7 +115,7 @@ def setup(
     decided = Decisions(cfg, recipe, denv, device, strategy, plan, dtype)
     seed_process(cfg.seed, denv.rank)
     data = build_datasets(cfg, recipe)
-    model = weights.build(recipe, cfg.model)
+    model = meta_init.build(recipe, cfg.model)
     code = D.broadcast_object(D.on_main(codeid.identity))  # git once, not on every rank
     prints = D.broadcast_object(
         D.on_main(lambda: fingerprint.of_run(*data, cfg.run.data_fingerprint))
@@ -150,7 +150,7 @@ def setup_eval(cfg: C.Config, recipe: Recipe, denv: D.DistEnv, device: torch.dev
     decided = Decisions(cfg, recipe, denv, device, strategy, None, dtype)
     seed_process(cfg.seed, denv.rank)
     train_data, eval_data = build_datasets(cfg, recipe)
-    net = place_model(weights.build(recipe, cfg.model), decided, train_data, None)
+    net = place_model(meta_init.build(recipe, cfg.model), decided, train_data, None)
     run = Run(
         cfg=cfg,
         recipe=recipe,
@@ -193,10 +193,10 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     sharded checkpoint is loaded later, with the optimizer (check_format refused a file)."""
     cfg, recipe, strategy, device = decided.cfg, decided.recipe, decided.strategy, decided.device
     from_file = source is not None and not source[0].is_dir()
-    if weights.on_meta(model) and not strategy.shards:
+    if meta_init.on_meta(model) and not strategy.shards:
         # unsharded: the whole model on every process anyway (DDP broadcasts it at wrap time)
-        weights.initialise(model, recipe, cfg.model, cfg.seed, torch.device("cpu"))
-    on_meta = weights.on_meta(model)
+        meta_init.initialise(model, recipe, cfg.model, cfg.seed, torch.device("cpu"))
+    on_meta = meta_init.on_meta(model)
     if recipe.prepare and not source and not on_meta:  # a resumed run loads prepared weights
         recipe.prepare(model, train_data)
     if from_file and not on_meta:
@@ -225,7 +225,7 @@ def place_model(model: nn.Module, decided: Decisions, train_data, source) -> Net
     )
     if on_meta:
         storage = torch.device("cpu") if cfg.dist.cpu_offload else device
-        weights.initialise(model, recipe, cfg.model, cfg.seed, storage)
+        meta_init.initialise(model, recipe, cfg.model, cfg.seed, storage)
         init = start_from(model, decided) if from_weights else None
         ema = build_ema(model, cfg.ema)
     trainable = [p for p in model.parameters() if p.requires_grad]

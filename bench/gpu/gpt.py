@@ -1,6 +1,6 @@
 """(f) gpt: recipes/gpt on this one GPU, outside the engine's loop: the recipe's model built on
 the meta device, given storage on the GPU and filled per parameter name by the recipe's
-init_weights (as engine/parallel/weights.py does, but drawn on the device), bf16 autocast,
+init_weights (as engine/parallel/meta_init.py does, but drawn on the device), bf16 autocast,
 AdamW (fused on CUDA; weight decay 0.1 on matrices only), gradient clipping at 1.0, random
 byte tokens resident on the device.
 
@@ -72,7 +72,7 @@ def gpt_estimate(plan) -> dict:
 
 def gpt_model(recipe, cfg, device: torch.device):
     """Built on the meta device, given storage on `device`, each parameter filled by the
-    recipe's init_weights from a generator seeded by its name (engine/parallel/weights.py's
+    recipe's init_weights from a generator seeded by its name (engine/parallel/meta_init.py's
     scheme, drawn on the device rather than the CPU: other values, the same distributions)."""
     with torch.device("meta"):
         model = recipe.build_model(dataclasses.replace(cfg))

@@ -23,7 +23,7 @@ from torch import nn
 
 from engine import catalog, export, export_graph
 from engine import checkpoint as ckpt
-from engine.parallel import weights as build_weights
+from engine.parallel import meta_init
 from tests.helpers import QUIET, run_dir
 from tests.recipes.tiny_settings import tiny_overrides
 
@@ -39,9 +39,9 @@ def built_checkpoint(root: Path, recipe: str, *overrides: str) -> Path:
     args = [*QUIET, *tiny_overrides(recipe, root / "data"), f"run.root={root}", *overrides]
     cfg, recipe_ = catalog.load_config(recipe, [*args, "run.name=built"])
     torch.manual_seed(0)
-    model = build_weights.build(recipe_, cfg.model)
-    if build_weights.on_meta(model):
-        build_weights.initialise(model, recipe_, cfg.model, 0, torch.device("cpu"))
+    model = meta_init.build(recipe_, cfg.model)
+    if meta_init.on_meta(model):
+        meta_init.initialise(model, recipe_, cfg.model, 0, torch.device("cpu"))
     path = ckpt.checkpoint_path(run_dir(root, "built", recipe) / "checkpoints", 1)
     ckpt.atomic_save({"model": model.state_dict(), "step": 1, "config": cfg.to_dict()}, path)
     return path
