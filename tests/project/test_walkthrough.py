@@ -86,6 +86,7 @@ def test_the_readme_s_first_run_works_as_written(tmp_path):
     assert shown.stdout.strip() == str(probabilities)  # what the README's lines print
 
 
+@pytest.mark.slow  # a short run of each recipe, the image ones with their example files
 @pytest.mark.parametrize("recipe", catalog.available())
 def test_load_model_rebuilds_the_model_the_engine_evaluates(tmp_path, train_here, recipe):
     """Every recipe's default config with its tiny settings: two steps, exported as a plain
